@@ -1,0 +1,1 @@
+"""medclr evaluation package."""

@@ -1,0 +1,5 @@
+import sys
+
+from medclr.cli import main
+
+sys.exit(main())
