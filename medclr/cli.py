@@ -20,6 +20,7 @@ from medclr.errors import MedclrError
 # name -> (module implementing it, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "phantom": ("medclr.phantom.cli", "generate a CXR-Phantom image-report data set with ground truth"),
+    "inspect": ("medclr.io.cli", "show the safe header fields of a radiograph and render it as medclr reads it"),
     "prepare": ("medclr.data.cli", "read MIMIC-CXR-JPG / Open-i / a CSV corpus (+ MS-CXR) into a manifest"),
     "lm": ("medclr.lm.cli", "fit a domain masked LM, score sentences (PLL -> eta), calibrate eta"),
     "train": ("training.cli", "train image/report encoders with a contrastive loss (torchrun for many GPUs)"),

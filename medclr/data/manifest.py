@@ -97,3 +97,14 @@ def read_manifest(path: str | os.PathLike) -> pd.DataFrame:
 def image_abspath(df: pd.DataFrame, row_index: int) -> Path:
     """Absolute path of the image of row ``row_index`` (image paths are relative to the manifest root)."""
     return Path(df.attrs.get("root", "")) / df["image_path"].iat[row_index]
+
+
+def sentence_table(df: pd.DataFrame, split: str | None = None) -> pd.DataFrame:
+    """One row per (manifest row, sentence): ``index``, ``position``, ``sentence``, ``hash``."""
+    from medclr.data.text import sentence_hash
+
+    rows = df if split is None else df[df["split"] == split]
+    records = [
+        (int(i), pos, s, sentence_hash(s)) for i, sents in zip(rows["index"], rows["sentences"]) for pos, s in enumerate(sents)
+    ]
+    return pd.DataFrame(records, columns=["index", "position", "sentence", "hash"])

@@ -1,0 +1,52 @@
+"""Reading radiographs into one convention: float32 H x W in [0, 1], air dark, bone bright.
+
+``read_image`` decides the format from the bytes (the DICM magic) or a .dcm
+extension, so a PNG named .dcm or a DICOM without extension still reads, and a
+text file named .dcm gets a clear "not a DICOM file".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from medclr.errors import ImageReadError
+from medclr.io.dicom import is_dicom, read_dicom, read_dicom_header
+from medclr.io.limits import MAX_PIXELS
+from medclr.io.raster import read_raster, read_raster_size
+
+DICOM_SUFFIXES = {".dcm", ".dicom", ".dic"}
+RASTER_SUFFIXES = {".png", ".jpg", ".jpeg"}
+IMAGE_SUFFIXES = DICOM_SUFFIXES | RASTER_SUFFIXES
+
+__all__ = ["read_image", "read_header", "ImageReadError", "IMAGE_SUFFIXES", "MAX_PIXELS"]
+
+
+def _is_dicom_path(path: Path) -> bool:
+    return is_dicom(path) or path.suffix.lower() in DICOM_SUFFIXES
+
+
+def read_image(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """Read a DICOM, PNG or JPEG radiograph as float32 H x W in [0, 1] (air dark, bone bright).
+
+    Raises ``ImageReadError`` (one line naming the file) for missing, corrupt,
+    truncated, non-image or oversized files.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ImageReadError(f"{path}: file not found")
+    return read_dicom(path, max_pixels) if _is_dicom_path(path) else read_raster(path, max_pixels)
+
+
+def read_header(path: str | Path) -> dict:
+    """Format, view, size, pixel spacing (mm, None if absent or invalid); never patient identifiers."""
+    path = Path(path)
+    if not path.is_file():
+        raise ImageReadError(f"{path}: file not found")
+    if _is_dicom_path(path):
+        return read_dicom_header(path)
+    height, width = read_raster_size(path)
+    return {"format": path.suffix.lower().lstrip(".") or "raster", "modality": "", "view": "", "rows": height,
+            "columns": width, "pixel_spacing_mm": None, "photometric": "", "bits_stored": 0, "frames": 1,
+            "transfer_syntax": "", "body_part": ""}

@@ -1,0 +1,1 @@
+"""Dataset readers: each returns a manifest DataFrame (see medclr.data.manifest)."""

@@ -1,0 +1,154 @@
+"""DICOM radiographs -> float32 in [0, 1], air dark and bone bright.
+
+The display pipeline of the DICOM standard (PS3.4 grayscale pipeline), with
+pydicom's own LUT functions: stored values -> Modality LUT (rescale) -> VOI LUT
+or window -> normalise by the VOI output range -> invert MONOCHROME1 (pydicom
+never does) and INVERSE presentation. Compressed syntaxes decode through
+pydicom's plugins (pylibjpeg-openjpeg for JPEG 2000, Pillow for the rest).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pydicom
+from pydicom.errors import InvalidDicomError
+from pydicom.pixels import apply_modality_lut, apply_voi_lut
+from skimage.color import rgb2gray
+
+from medclr.errors import ImageReadError
+from medclr.io.limits import MAX_PIXELS, check_size
+
+# Header fields the product may show; patient identifiers are never read out.
+_HEADER_TAGS = (
+    "Modality",
+    "ViewPosition",
+    "ViewCodeSequence",
+    "Rows",
+    "Columns",
+    "PixelSpacing",
+    "ImagerPixelSpacing",
+    "PhotometricInterpretation",
+    "BitsStored",
+    "NumberOfFrames",
+    "SamplesPerPixel",
+    "BodyPartExamined",
+)
+
+
+def is_dicom(path: str | Path) -> bool:
+    """True when the file has the DICM magic at byte 128 (a Part 10 file)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(128)
+            return fh.read(4) == b"DICM"
+    except OSError:
+        return False
+
+
+def _open(path: Path, stop_before_pixels: bool) -> pydicom.Dataset:
+    try:
+        return pydicom.dcmread(path, stop_before_pixels=stop_before_pixels)
+    except InvalidDicomError:
+        raise ImageReadError(f"{path}: not a DICOM file (no DICM preamble)") from None
+    except FileNotFoundError:
+        raise ImageReadError(f"{path}: file not found") from None
+    except Exception as exc:  # pydicom raises many types on damaged headers
+        raise ImageReadError(f"{path}: unreadable DICOM header ({type(exc).__name__}: {exc})") from None
+
+
+def _spacing(ds: pydicom.Dataset) -> list[float] | None:
+    for keyword in ("PixelSpacing", "ImagerPixelSpacing"):
+        value = ds.get(keyword)
+        if value is not None and len(value) == 2:
+            spacing = [float(v) for v in value]
+            if all(s > 0 for s in spacing):  # real archives hold 0\0 (RG1 does)
+                return spacing
+    return None
+
+
+def _view(ds: pydicom.Dataset) -> str:
+    view = str(ds.get("ViewPosition", "") or "").strip().upper()
+    if not view and ds.get("ViewCodeSequence"):
+        meaning = str(ds.ViewCodeSequence[0].get("CodeMeaning", "")).lower()
+        view = {"postero-anterior": "PA", "antero-posterior": "AP", "lateral": "LATERAL"}.get(meaning, "")
+    return view
+
+
+def read_dicom_header(path: str | Path) -> dict:
+    """View, size, pixel spacing and photometric facts; never names, ids or dates of the patient."""
+    path = Path(path)
+    ds = _open(path, stop_before_pixels=True)
+    return {
+        "format": "dicom",
+        "modality": str(ds.get("Modality", "") or ""),
+        "view": _view(ds),
+        "rows": int(ds.get("Rows", 0) or 0),
+        "columns": int(ds.get("Columns", 0) or 0),
+        "pixel_spacing_mm": _spacing(ds),
+        "photometric": str(ds.get("PhotometricInterpretation", "") or ""),
+        "bits_stored": int(ds.get("BitsStored", 0) or 0),
+        "frames": int(ds.get("NumberOfFrames", 1) or 1),
+        "transfer_syntax": str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "")),
+        "body_part": str(ds.get("BodyPartExamined", "") or ""),
+    }
+
+
+def _voi_range(ds: pydicom.Dataset, src: np.ndarray) -> tuple[float, float] | None:
+    """Output range of the file's VOI transform, found by pushing the extremes of ``src``'s type through it."""
+    has_window = "WindowCenter" in ds and "WindowWidth" in ds
+    if "VOILUTSequence" not in ds and not has_window:
+        return None
+    if np.issubdtype(src.dtype, np.integer):
+        info = np.iinfo(src.dtype)
+        probe = np.array([info.min, info.max], dtype=src.dtype)
+    else:
+        probe = np.array([-1e12, 1e12], dtype=np.float64)
+    try:
+        lo, hi = np.sort(apply_voi_lut(probe, ds).astype(np.float64))
+    except Exception:  # a malformed window/LUT: fall back to min-max
+        return None
+    return (float(lo), float(hi)) if hi > lo else None
+
+
+def _decode(path: Path, ds: pydicom.Dataset) -> np.ndarray:
+    frames = int(ds.get("NumberOfFrames", 1) or 1)
+    try:
+        if frames > 1:
+            warnings.warn(f"{path}: {frames} frames, using the first", stacklevel=3)
+            from pydicom.pixels import pixel_array
+
+            return pixel_array(ds, index=0)
+        return ds.pixel_array
+    except Exception as exc:  # truncated data, missing decoder, bad syntax
+        raise ImageReadError(f"{path}: cannot decode DICOM pixel data ({type(exc).__name__}: {exc})") from None
+
+
+def read_dicom(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    path = Path(path)
+    ds = _open(path, stop_before_pixels=False)
+    if "PixelData" not in ds and "FloatPixelData" not in ds:
+        raise ImageReadError(f"{path}: DICOM file has no pixel data")
+    check_size(path, int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0), max_pixels)
+    arr = _decode(path, ds)
+    photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper()
+    if int(ds.get("SamplesPerPixel", 1) or 1) > 1:
+        # pydicom converts YBR to RGB by default; grey is the luminance.
+        rgb = arr.astype(np.float64)
+        return rgb2gray(rgb / max(float(rgb.max()), 1.0)).astype(np.float32)
+    # VOI functions expect Modality-LUT output; without a rescale that is the stored array itself.
+    src = apply_modality_lut(arr, ds) if ("RescaleSlope" in ds or "ModalityLUTSequence" in ds) else arr
+    values = src.astype(np.float64)
+    voi = _voi_range(ds, src)
+    if voi is not None:
+        values = apply_voi_lut(src, ds).astype(np.float64)
+        lo, hi = voi
+    else:
+        lo, hi = float(values.min()), float(values.max())
+    image = np.clip((values - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.zeros_like(values)
+    inverse = str(ds.get("PresentationLUTShape", "")).upper() == "INVERSE"
+    if (photometric == "MONOCHROME1") != inverse:
+        image = 1.0 - image
+    return image.astype(np.float32)

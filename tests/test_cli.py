@@ -1,0 +1,72 @@
+"""The `medclr` command as users run it: one clear line on bad input, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from pydicom.data import get_testdata_file
+
+from tests.test_readers import write_mimic_tree
+
+
+def medclr(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "medclr", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def assert_one_clear_line(result, *needles):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_help_lists_every_contract_command():
+    result = medclr("--help")
+    assert result.returncode == 0
+    for name in ("phantom", "prepare", "lm", "train", "eval", "index", "score", "app", "demo"):
+        assert name in result.stdout
+
+
+def test_inspect_real_dicom_and_bad_files(tmp_path):
+    ok = medclr("inspect", get_testdata_file("RG1_J2KR.dcm"), "--png", tmp_path / "rg1.png")
+    assert ok.returncode == 0 and '"photometric": "MONOCHROME1"' in ok.stdout and (tmp_path / "rg1.png").is_file()
+    data = open(get_testdata_file("RG1_UNCR.dcm"), "rb").read()
+    (tmp_path / "cut.dcm").write_bytes(data[: len(data) // 3])
+    assert_one_clear_line(medclr("inspect", tmp_path / "cut.dcm"), "cut.dcm")
+    (tmp_path / "notes.dcm").write_text("not an image")
+    assert_one_clear_line(medclr("inspect", tmp_path / "notes.dcm"), "notes.dcm", "not a DICOM file")
+
+
+def test_prepare_bad_inputs(tmp_path):
+    (tmp_path / "c.csv").write_text("image_path,text\na.png,hello\n")
+    assert_one_clear_line(medclr("prepare", "--csv", tmp_path / "c.csv", "--out", tmp_path / "m.parquet"),
+                          "c.csv", "'report'")
+    (tmp_path / "e.csv").write_text("image_path,report\na.png,\n")
+    assert_one_clear_line(medclr("prepare", "--csv", tmp_path / "e.csv", "--out", tmp_path / "m.parquet"),
+                          "empty report")
+    assert_one_clear_line(medclr("prepare", "--mimic", tmp_path / "nowhere", "--out", tmp_path / "m.parquet"),
+                          "not a MIMIC-CXR-JPG root")
+
+
+def test_prepare_mimic_tree_with_mscxr(tmp_path):
+    root = write_mimic_tree(tmp_path / "mimic")
+    pd.DataFrame({"dicom_id": ["2a280266-c8bae121-54d75383-cac046f4-ca37aa16"], "category_name": ["Pleural Effusion"],
+                  "label_text": ["small left effusion"], "path": ["files/p10/x.jpg"], "x": [2], "y": [20], "w": [10],
+                  "h": [8], "image_width": [32], "image_height": [32], "split": ["test"]}).to_csv(tmp_path / "ms.csv",
+                                                                                            index=False)
+    result = medclr("prepare", "--mimic", root, "--mscxr", tmp_path / "ms.csv", "--out", tmp_path / "m.parquet")
+    assert result.returncode == 0, result.stderr
+    boxes = pd.read_parquet(tmp_path / "m.mscxr.parquet")
+    assert boxes["index"].tolist() == [2]
+
+
+@pytest.mark.parametrize("name", ["train", "demo"])
+def test_unbuilt_or_built_commands_answer(name):
+    result = medclr(name, "--help")
+    assert result.returncode == 0 and "usage: medclr" in result.stdout

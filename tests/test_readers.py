@@ -1,0 +1,104 @@
+"""Readers -> manifest: a MIMIC-CXR-JPG-layout tree built here, a CSV corpus, MS-CXR boxes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from medclr.data.labels import CHEXPERT_LABELS
+from medclr.data.manifest import read_manifest, sentence_table, write_manifest
+from medclr.data.readers.csv_corpus import read_csv_corpus
+from medclr.data.readers.mimic import METADATA_COLUMNS, read_mimic_cxr_jpg
+from medclr.data.readers.mscxr import read_mscxr
+from medclr.errors import MedclrError
+
+# subject, study, dicom, view, split, Cardiomegaly, Pleural Effusion
+STUDIES = [
+    ("10000032", "50414267", "02aa804e-bde0afdd-112c0b34-7bc16630-4e384014", "PA", "train", 1.0, None),
+    ("10000032", "50414267", "174413ec-4ec4c1f7-34ea26b7-c5f994f8-79ef1962", "LATERAL", "train", 1.0, None),
+    ("10000764", "57375967", "096052b7-d256dc40-453a102b-fa7d01c6-1b22c6b4", "AP", "validate", 0.0, -1.0),
+    ("10000898", "50771383", "2a280266-c8bae121-54d75383-cac046f4-ca37aa16", "PA", "test", None, 1.0),
+]
+
+
+def write_mimic_tree(root, reports: dict | None = None):
+    meta, split, labels = [], [], {}
+    for subject, study, dicom, view, sp, cardio, effusion in STUDIES:
+        folder = root / "files" / f"p{subject[:2]}" / f"p{subject}" / f"s{study}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((32, 32), 128, np.uint8)).save(folder / f"{dicom}.jpg")
+        text = (reports or {}).get(study, f" FINDINGS: Study {study} heart is enlarged.\n IMPRESSION: No effusion.\n")
+        (folder.parent / f"s{study}.txt").write_text(text)
+        meta.append({c: "" for c in METADATA_COLUMNS} | {"dicom_id": dicom, "subject_id": subject, "study_id": study,
+                                                         "ViewPosition": view, "Rows": 32, "Columns": 32})
+        split.append({"dicom_id": dicom, "study_id": study, "subject_id": subject, "split": sp})
+        labels[(subject, study)] = {"subject_id": subject, "study_id": study, "Cardiomegaly": cardio,
+                                    "Pleural Effusion": effusion}
+    pd.DataFrame(meta).to_csv(root / "mimic-cxr-2.0.0-metadata.csv.gz", index=False)
+    pd.DataFrame(split).to_csv(root / "mimic-cxr-2.0.0-split.csv.gz", index=False)
+    pd.DataFrame(list(labels.values()), columns=["subject_id", "study_id", *CHEXPERT_LABELS]).to_csv(
+        root / "mimic-cxr-2.0.0-chexpert.csv.gz", index=False)
+    return root
+
+
+def test_mimic_tree_reads_with_splits_labels_and_text(tmp_path):
+    root = write_mimic_tree(tmp_path)
+    df = read_mimic_cxr_jpg(root)  # frontal views by default
+    assert list(df["view"]) == ["PA", "AP", "PA"]
+    assert list(df["split"]) == ["train", "validate", "test"]
+    assert list(df["index"]) == [0, 1, 2]
+    assert df["Cardiomegaly"].tolist()[:2] == [1.0, 0.0] and np.isnan(df["Cardiomegaly"].iat[2])
+    assert df["Pleural Effusion"].iat[1] == -1.0 and df["Pleural Effusion"].iat[2] == 1.0
+    assert df["sentences"].iat[0] == ["Study 50414267 heart is enlarged.", "No effusion."]
+    assert all((root / p).is_file() for p in df["image_path"])
+    assert len(read_mimic_cxr_jpg(root, views=None)) == 4
+
+    out = write_manifest(df, tmp_path / "m.parquet", root)
+    back = read_manifest(out)
+    assert back.attrs["root"] == str(root.resolve())
+    pd.testing.assert_frame_equal(back.drop(columns="sentences"), df.drop(columns="sentences"), check_dtype=False)
+    table = sentence_table(back, split="train")
+    assert list(table["index"]) == [0, 0] and list(table["position"]) == [0, 1]
+
+
+def test_mimic_empty_report_is_one_clear_error(tmp_path):
+    root = write_mimic_tree(tmp_path, reports={"57375967": " FINAL REPORT\n"})
+    with pytest.raises(MedclrError, match="s57375967.txt: empty report"):
+        read_mimic_cxr_jpg(root)
+    assert len(read_mimic_cxr_jpg(root, drop_empty=True)) == 2
+
+
+def test_mimic_bad_split_value(tmp_path):
+    root = write_mimic_tree(tmp_path)
+    split = pd.read_csv(root / "mimic-cxr-2.0.0-split.csv.gz")
+    split.loc[0, "split"] = "val"
+    split.to_csv(root / "mimic-cxr-2.0.0-split.csv.gz", index=False)
+    with pytest.raises(MedclrError, match="'val'"):
+        read_mimic_cxr_jpg(root)
+
+
+def test_csv_corpus(tmp_path):
+    pd.DataFrame({"image_path": ["a.png", "b.png", "c.png"], "report": ["Heart is big. No effusion.", "Clear lungs.", ""],
+                  "Cardiomegaly": [1, 0, 0], "site": ["x", "y", "z"]}).to_csv(tmp_path / "c.csv", index=False)
+    with pytest.raises(MedclrError, match="row 4 has an empty report"):
+        read_csv_corpus(tmp_path / "c.csv")
+    df = read_csv_corpus(tmp_path / "c.csv", drop_empty=True)
+    assert len(df) == 2 and df["sentences"].iat[0] == ["Heart is big.", "No effusion."]
+    assert df["Cardiomegaly"].tolist() == [1.0, 0.0] and "site" not in df
+    assert set(df["split"]) <= {"train", "validate", "test"}
+
+
+def test_mscxr(tmp_path):
+    rows = pd.DataFrame({"dicom_id": ["a", "a", "b"], "category_name": ["Pneumonia", "Pneumonia", "Cardiomegaly"],
+                         "label_text": ["left opacity", "left opacity", "big heart"], "path": ["files/p1/a.jpg"] * 3,
+                         "x": [1, 10, 5], "y": [1, 10, 5], "w": [5, 5, 20], "h": [5, 5, 20], "image_width": 32,
+                         "image_height": 32, "split": "test"})
+    rows.to_csv(tmp_path / "ms.csv", index=False)
+    df = read_mscxr(tmp_path / "ms.csv")
+    assert df["phrase_id"].tolist() == [0, 0, 1]
+    rows.loc[2, "w"] = 40
+    rows.to_csv(tmp_path / "ms.csv", index=False)
+    with pytest.raises(MedclrError, match="row 4: box lies outside"):
+        read_mscxr(tmp_path / "ms.csv")
