@@ -1,0 +1,379 @@
+"""Phrase-grounding metrics on similarity maps: CNR, mIoU, map upsampling, per-category averages.
+
+Pure functions on arrays; no model is imported. The pinned protocol is written down in
+``docs/evaluation.md`` (section "Grounding"). In short:
+
+* a map is an H×W array of region–sentence scores at the ORIGINAL image resolution, NaN where
+  the model saw nothing (outside the centre crop); NaN (and ±inf) pixels are ignored everywhere;
+* the interior of a phrase is the union of all its boxes (``boxes_to_mask``), the exterior is
+  every other non-NaN pixel;
+* CNR = |μ_in − μ_out| / sqrt(σ²_in + σ²_out), population variances (ddof = 0), float64;
+* mIoU = mean over 41 thresholds −1.00, −0.95, …, 1.00 of IoU(map ≥ t, interior);
+* maps come from the model's score grid through :func:`upsample_map`: Gaussian smoothing
+  σ = 1.5 cells (BioViL), bilinear, exact resize/centre-crop geometry, NaN outside the crop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage
+
+__all__ = [
+    "BIOVIL_SMOOTH_SIGMA",
+    "DEFAULT_THRESHOLDS",
+    "CropGeometry",
+    "boxes_to_mask",
+    "category_macro_average",
+    "cnr",
+    "grounding_scores",
+    "iou_per_threshold",
+    "miou",
+    "smooth_map",
+    "upsample_map",
+]
+
+#: The paper's thresholds: [-1, 1] in 0.05 steps, both ends included (41 values). Rounded to
+#: 2 decimals so that e.g. 0.15 is the double nearest 0.15, not 0.15000000000000002.
+DEFAULT_THRESHOLDS: np.ndarray = np.round(np.linspace(-1.0, 1.0, 41), 2)
+DEFAULT_THRESHOLDS.setflags(write=False)
+
+#: BioViL's Gaussian smoothing of the patch grid, in grid cells (DATASETS.md §1.7 step 4).
+BIOVIL_SMOOTH_SIGMA: float = 1.5
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def boxes_to_mask(boxes_xywh: Iterable[Sequence[float]], height: int, width: int) -> np.ndarray:
+    """Union of boxes as a boolean H×W mask.
+
+    Boxes are MS-CXR style ``(x, y, w, h)``: top-left corner, width and height, in pixels of
+    the original image. An integer box covers rows ``y … y+h−1`` and columns ``x … x+w−1``
+    (half-open slice). Fractional boxes cover every pixel they overlap
+    (``floor(x) … ceil(x+w)−1``), which is the same slice for integer boxes. Parts outside the
+    image are clipped; a box of zero width/height covers nothing; a negative size is an error.
+    """
+    if height <= 0 or width <= 0:
+        raise ValueError(f"mask size must be positive, got height={height}, width={width}")
+    mask = np.zeros((int(height), int(width)), dtype=bool)
+    arr = np.asarray(list(boxes_xywh), dtype=np.float64)
+    if arr.size == 0:
+        return mask
+    arr = np.atleast_2d(arr)
+    if arr.ndim != 2 or arr.shape[1] != 4:
+        raise ValueError(f"boxes must be (x, y, w, h) rows, got array of shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("boxes contain NaN or inf")
+    if np.any(arr[:, 2:] < 0):
+        raise ValueError("box width/height must be >= 0")
+    for x, y, w, h in arr:
+        r0, r1 = max(0, math.floor(y)), min(height, math.ceil(y + h))
+        c0, c1 = max(0, math.floor(x)), min(width, math.ceil(x + w))
+        if r1 > r0 and c1 > c0:
+            mask[r0:r1, c0:c1] = True
+    return mask
+
+
+def _split(sim_map: np.ndarray, box_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Finite interior and exterior values (float64)."""
+    m = np.asarray(sim_map, dtype=np.float64)
+    b = np.asarray(box_mask)
+    if m.ndim != 2:
+        raise ValueError(f"sim_map must be 2-D (H, W), got shape {m.shape}")
+    if b.shape != m.shape:
+        raise ValueError(f"box_mask shape {b.shape} does not match sim_map shape {m.shape}")
+    b = b.astype(bool, copy=False)
+    valid = np.isfinite(m)
+    return m[b & valid], m[~b & valid]
+
+
+# --------------------------------------------------------------------------- CNR
+
+
+def cnr(sim_map: np.ndarray, box_mask: np.ndarray) -> float:
+    """Contrast-to-noise ratio |μ_in − μ_out| / sqrt(σ²_in + σ²_out).
+
+    ``box_mask`` (bool, same shape) marks the interior, i.e. the union of the phrase's boxes.
+    NaN/inf pixels of ``sim_map`` belong to neither region. Means and population variances
+    (ddof = 0) are taken in float64, after subtracting one map value (shift-invariant, and it
+    makes a constant map exactly 0 instead of a roundoff ratio).
+
+    Degenerate cases (no division by zero, no warnings):
+
+    * both variances 0 and equal means (e.g. a constant map): 0.0;
+    * both variances 0 and different means (a perfect two-valued map): ``math.inf``;
+    * interior or exterior empty after removing NaN pixels: ``math.nan`` (undefined; the
+      aggregation in :func:`category_macro_average` skips NaN and counts it).
+    """
+    inside, outside = _split(sim_map, box_mask)
+    if inside.size == 0 or outside.size == 0:
+        return math.nan
+    # CNR is shift-invariant; centring on one of the values first removes the roundoff that
+    # would otherwise give a constant map (e.g. all 0.3) unequal means and a spurious CNR ~ 1.
+    ref = inside[0]
+    inside, outside = inside - ref, outside - ref
+    diff = abs(float(inside.mean()) - float(outside.mean()))
+    denom = math.sqrt(float(inside.var()) + float(outside.var()))
+    if denom == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / denom
+
+
+# --------------------------------------------------------------------------- IoU
+
+
+def iou_per_threshold(
+    sim_map: np.ndarray, box_mask: np.ndarray, thresholds: Sequence[float] | np.ndarray | None = None
+) -> np.ndarray:
+    """IoU of the binarised map ``sim_map >= t`` with the interior, for every threshold ``t``.
+
+    NaN/inf pixels are excluded from both the prediction and the mask. Returns a float64 array
+    of the thresholds' length; all NaN when the interior has no finite pixel (IoU undefined).
+    With a non-empty interior the union is never empty, so every entry is in [0, 1].
+    Computed by sorting once (O(n log n)), not by thresholding the map 41 times.
+    """
+    t = DEFAULT_THRESHOLDS if thresholds is None else np.asarray(thresholds, dtype=np.float64).ravel()
+    inside, outside = _split(sim_map, box_mask)
+    if inside.size == 0:
+        return np.full(t.shape, np.nan)
+    inside.sort()
+    outside.sort()
+    # number of values >= t = n - (number of values < t)
+    tp = inside.size - np.searchsorted(inside, t, side="left")
+    fp = outside.size - np.searchsorted(outside, t, side="left")
+    return tp / (inside.size + fp)
+
+
+def miou(
+    sim_map: np.ndarray,
+    box_mask: np.ndarray,
+    thresholds: Sequence[float] | np.ndarray | None = None,
+    *,
+    return_per_threshold: bool = False,
+) -> float | tuple[float, np.ndarray]:
+    """Mean over thresholds of IoU(``sim_map >= t``, interior) for one phrase.
+
+    ``thresholds`` defaults to :data:`DEFAULT_THRESHOLDS` (the paper's 41 values spanning
+    [−1, 1] in 0.05 steps). NaN pixels are ignored. Returns NaN when the interior is empty
+    after NaN removal. With ``return_per_threshold=True`` returns ``(miou, iou_array)``.
+    The dataset figure is this per-phrase value averaged per category, then over categories
+    (:func:`category_macro_average`).
+    """
+    ious = iou_per_threshold(sim_map, box_mask, thresholds)
+    value = math.nan if ious.size == 0 or np.isnan(ious).all() else float(ious.mean())
+    return (value, ious) if return_per_threshold else value
+
+
+def grounding_scores(
+    sim_map: np.ndarray,
+    boxes_xywh: Iterable[Sequence[float]],
+    thresholds: Sequence[float] | np.ndarray | None = None,
+) -> dict[str, float]:
+    """CNR and mIoU of one phrase from its map and its boxes (union interior)."""
+    m = np.asarray(sim_map)
+    if m.ndim != 2:
+        raise ValueError(f"sim_map must be 2-D (H, W), got shape {m.shape}")
+    mask = boxes_to_mask(boxes_xywh, m.shape[0], m.shape[1])
+    return {"CNR": cnr(m, mask), "mIoU": miou(m, mask, thresholds)}
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def category_macro_average(
+    values: Sequence[float] | np.ndarray, categories: Sequence[str]
+) -> dict[str, object]:
+    """Average per category, then macro-average over categories (MS-CXR convention).
+
+    NaN values (undefined metric, e.g. a box entirely outside the crop) are skipped and
+    counted in ``n_nan``; an inf value makes its category mean (and the macro) inf, which is
+    deliberate: it flags a degenerate map rather than hiding it. Categories with no finite
+    value get NaN and are left out of the macro average. Returns
+    ``{"per_category": {cat: mean}, "count": {cat: n_used}, "n_nan": {cat: n}, "macro": float,
+    "micro": float}`` where ``micro`` is the plain mean over all used phrases.
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    cats = np.asarray([str(c) for c in categories], dtype=object)
+    if cats.shape != v.shape:
+        raise ValueError(f"{v.size} values but {cats.size} categories")
+    per: dict[str, float] = {}
+    count: dict[str, int] = {}
+    n_nan: dict[str, int] = {}
+    for cat in sorted(set(cats.tolist())):
+        sel = v[cats == cat]
+        used = sel[~np.isnan(sel)]
+        count[cat] = int(used.size)
+        n_nan[cat] = int(sel.size - used.size)
+        per[cat] = float(used.mean()) if used.size else math.nan
+    defined = [x for x in per.values() if not math.isnan(x)]
+    used_all = v[~np.isnan(v)]
+    return {
+        "per_category": per,
+        "count": count,
+        "n_nan": n_nan,
+        "macro": float(np.mean(defined)) if defined else math.nan,
+        "micro": float(used_all.mean()) if used_all.size else math.nan,
+    }
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+@dataclass(frozen=True)
+class CropGeometry:
+    """How the model input was cut from the original image: resize to (resize_h, resize_w),
+    then crop the window whose top-left corner in RESIZED pixels is (crop_top, crop_left)
+    and whose size is (crop_h, crop_w).
+
+    The score grid covers exactly that crop window. Offsets may be negative (crop larger than
+    the resized image: torchvision pads with zeros, and those grid cells map to no original
+    pixel). The pixel grid convention is "pixel i spans [i, i+1), centre i + 0.5" at every
+    stage, as in torchvision's resize and ``interpolate(align_corners=False)``.
+    """
+
+    original_h: int
+    original_w: int
+    resize_h: int
+    resize_w: int
+    crop_top: int
+    crop_left: int
+    crop_h: int
+    crop_w: int
+
+    def __post_init__(self) -> None:
+        for name in ("original_h", "original_w", "resize_h", "resize_w", "crop_h", "crop_w"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"CropGeometry.{name} must be positive, got {getattr(self, name)}")
+
+    @classmethod
+    def from_resize_crop(cls, original_hw: tuple[int, int], resize: int, crop: int | None) -> CropGeometry:
+        """Geometry of torchvision ``Resize(resize)`` (int: shorter side → ``resize``, longer
+        side ``int(resize · long / short)``) followed by ``CenterCrop(crop)`` (offset
+        ``round((size − crop) / 2)``, zero padding when the crop is larger). ``crop=None``
+        means no crop. This is BioViL's inference transform (resize 512, crop 480 or 448)."""
+        h, w = (int(v) for v in original_hw)
+        if h <= 0 or w <= 0 or int(resize) <= 0:
+            raise ValueError(f"bad geometry: original_hw={original_hw}, resize={resize}")
+        short, long = (w, h) if w <= h else (h, w)
+        new_short, new_long = int(resize), int(int(resize) * long / short)
+        rw, rh = (new_short, new_long) if w <= h else (new_long, new_short)
+        if crop is None:
+            return cls(h, w, rh, rw, 0, 0, rh, rw)
+        c = int(crop)
+
+        def offset(size: int) -> int:
+            if c > size:  # torchvision pads (c - size) // 2 before, then crops at 0
+                return -((c - size) // 2)
+            return int(round((size - c) / 2.0))
+
+        return cls(h, w, rh, rw, offset(rh), offset(rw), c, c)
+
+    @classmethod
+    def identity(cls, original_hw: tuple[int, int]) -> CropGeometry:
+        """The grid covers the whole image (no resize artefacts, no crop)."""
+        h, w = (int(v) for v in original_hw)
+        return cls(h, w, h, w, 0, 0, h, w)
+
+    def crop_slices(self) -> tuple[slice, slice]:
+        """Rows/columns of the ORIGINAL image whose pixel centre falls inside the crop window
+        (these are the pixels :func:`upsample_map` fills; all others are NaN)."""
+        rows = _inside(self.original_h, self.resize_h, self.crop_top, self.crop_h)
+        cols = _inside(self.original_w, self.resize_w, self.crop_left, self.crop_w)
+        return _as_slice(rows), _as_slice(cols)
+
+
+def _grid_coords(n_orig: int, n_resized: int, offset: int, n_crop: int, n_grid: int) -> np.ndarray:
+    """Continuous grid coordinate (cell centres at 0, 1, …) of each original pixel centre."""
+    centres = (np.arange(n_orig, dtype=np.float64) + 0.5) * (n_resized / n_orig)  # resized px
+    return (centres - offset) * (n_grid / n_crop) - 0.5
+
+
+def _inside(n_orig: int, n_resized: int, offset: int, n_crop: int) -> np.ndarray:
+    centres = (np.arange(n_orig, dtype=np.float64) + 0.5) * (n_resized / n_orig)
+    return (centres >= offset) & (centres < offset + n_crop)
+
+
+def _as_slice(flags: np.ndarray) -> slice:
+    idx = np.flatnonzero(flags)
+    return slice(0, 0) if idx.size == 0 else slice(int(idx[0]), int(idx[-1]) + 1)
+
+
+def _nearest_taps(coords: np.ndarray, n_grid: int) -> np.ndarray:
+    """Index of the cell whose span contains each pixel centre (torch "nearest-exact")."""
+    return np.clip(np.floor(coords + 0.5), 0, n_grid - 1).astype(np.int64)
+
+
+def smooth_map(region_scores: np.ndarray, sigma: float = BIOVIL_SMOOTH_SIGMA) -> np.ndarray:
+    """BioViL's Gaussian smoothing of the score grid (``scipy.ndimage.gaussian_filter``,
+    "reflect" border, truncate 4.0), sigma in grid cells. ``sigma <= 0`` returns a copy."""
+    g = np.asarray(region_scores, dtype=np.float64)
+    if sigma <= 0:
+        return g.copy()
+    return ndimage.gaussian_filter(g, sigma=float(sigma), mode="reflect", truncate=4.0)
+
+
+def upsample_map(
+    region_scores: np.ndarray,
+    crop_geometry: CropGeometry,
+    original_hw: tuple[int, int] | None = None,
+    *,
+    mode: str = "bilinear",
+    smooth_sigma: float | None = BIOVIL_SMOOTH_SIGMA,
+) -> np.ndarray:
+    """Map an h×w region–sentence score grid back to the original image, NaN outside the crop.
+
+    Each original pixel centre is carried through the resize (scale ``resize/original`` per
+    axis) and the crop (minus the offset) into grid coordinates, where cell k is centred at k
+    (the ``align_corners=False`` convention). Pixels whose centre falls outside the crop window
+    are NaN; the others are sampled with bilinear interpolation (``mode="bilinear"``:
+    ``scipy.ndimage.affine_transform``, order 1, edge-clamped) or take the containing cell
+    (``mode="nearest"``). When the crop window lands on whole original pixels the result equals ``torch.nn.functional.interpolate``
+    (bilinear, align_corners=False) of the grid to the crop's size, padded with NaN.
+
+    ``smooth_sigma`` (grid cells) applies :func:`smooth_map` to the grid first; the default
+    is BioViL's 1.5, the pinned protocol; pass 0 or None for pure geometry. ``original_hw``,
+    when given, must match the geometry. Returns float32 (H, W).
+    """
+    g = np.asarray(region_scores, dtype=np.float64)
+    if g.ndim != 2 or g.shape[0] == 0 or g.shape[1] == 0:
+        raise ValueError(f"region_scores must be a non-empty 2-D grid, got shape {g.shape}")
+    geo = crop_geometry
+    orig = (geo.original_h, geo.original_w)
+    if original_hw is not None and tuple(int(v) for v in original_hw) != orig:
+        raise ValueError(
+            f"original_hw {tuple(original_hw)} does not match the geometry's "
+            f"({geo.original_h}, {geo.original_w})"
+        )
+    if mode not in ("bilinear", "nearest"):
+        raise ValueError(f"mode must be 'bilinear' or 'nearest', got {mode!r}")
+    if smooth_sigma:
+        g = smooth_map(g, smooth_sigma)
+    hg, wg = g.shape
+    rows_in = _inside(geo.original_h, geo.resize_h, geo.crop_top, geo.crop_h)
+    cols_in = _inside(geo.original_w, geo.resize_w, geo.crop_left, geo.crop_w)
+    out = np.full((geo.original_h, geo.original_w), np.nan, dtype=np.float32)
+    if not rows_in.any() or not cols_in.any():
+        return out
+    ry = _grid_coords(geo.original_h, geo.resize_h, geo.crop_top, geo.crop_h, hg)[rows_in]
+    cx = _grid_coords(geo.original_w, geo.resize_w, geo.crop_left, geo.crop_w, wg)[cols_in]
+    if mode == "nearest":
+        full = g[np.ix_(_nearest_taps(ry, hg), _nearest_taps(cx, wg))]
+    else:
+        # The pixel -> grid map is affine and axis-aligned, so one scipy call does the bilinear
+        # sampling; mode="nearest" replicates the edge, i.e. the clamp of align_corners=False.
+        step = (
+            (geo.resize_h / geo.original_h) * (hg / geo.crop_h),
+            (geo.resize_w / geo.original_w) * (wg / geo.crop_w),
+        )
+        full = ndimage.affine_transform(
+            g, np.asarray(step), offset=(ry[0], cx[0]), output_shape=(ry.size, cx.size),
+            order=1, mode="nearest", prefilter=False,
+        )
+    rs, cs = _as_slice(rows_in), _as_slice(cols_in)  # contiguous by construction
+    out[rs, cs] = full.astype(np.float32)
+    return out
+
