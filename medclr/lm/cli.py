@@ -1,0 +1,221 @@
+"""`medclr lm fit | score | calibrate | report`: a domain masked LM, sentence PLL -> eta, eta's calibration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from medclr.errors import MedclrError
+
+log = logging.getLogger(__name__)
+
+_FIT_EPILOG = """\
+examples:
+  medclr prepare --openi --out openi.parquet
+  medclr lm fit --manifest openi.parquet --out runs/lm    # about 3-5 min on 2 idle cores; --max-minutes caps it
+  medclr lm fit --manifest m.parquet --out runs/lm --layers 2 --hidden 128 --max-minutes 2
+
+The directory holds a Hugging Face BertForMaskedLM + tokenizer (save_pretrained):
+`medclr lm score --model runs/lm` scores with it, and the text encoder can start
+from it (AutoModel.from_pretrained). medclr_lm.json records the recipe and losses.
+"""
+
+_SCORE_EPILOG = """\
+examples:
+  medclr lm score --manifest openi.parquet --model runs/lm --out runs/eta.parquet
+  medclr lm score --manifest m.parquet --model /models/CXR-BERT --trust-remote-code --out eta.parquet
+  medclr lm score --manifest m.parquet --model runs/lm --out eta.parquet --a 0.1 --k 0.5  # cached: eta only
+
+eta = min(a * p^k, eta_max) with log p = the sentence's PLL (--norm sum, the paper)
+or PLL per word piece (--norm mean). One row per distinct sentence: sentence_hash,
+sentence, count, n_tokens, n_scored, pll, pll_per_token, eta. Running again scores only
+sentences not yet in --out (same model); medclr.lm.eta.join_eta aligns eta with the
+manifest's sentences for training.
+"""
+
+_CAL_EPILOG = """\
+examples:
+  medclr phantom --out phantom/ --n 1500
+  medclr prepare --mimic phantom/ --views all --out phantom.parquet
+  medclr lm score --manifest phantom.parquet --model runs/lm --out phantom_eta.parquet
+  medclr lm calibrate --manifest phantom.parquet --eta phantom_eta.parquet \\
+      --ground-truth phantom/phantom_ground_truth.parquet --out runs/calibration
+
+Needs latent_class and latent_class_prob (CXR-Phantom), in the manifest or from
+--ground-truth. Writes calibration.json (Spearman, least-squares a and k, the
+misspecification term E|1/(1-eta) - 1/(1-rho)| of several eta choices),
+calibration.png, per_class.csv.
+"""
+
+_REPORT_EPILOG = """\
+example:
+  medclr lm report --eta runs/eta.parquet --out runs/lm_report
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="lm_command", metavar="{fit,score,calibrate,report}")
+    parser.set_defaults(run=lambda _a: (parser.print_help(), 2)[1])
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    from medclr.lm.fit import FitConfig
+
+    d = FitConfig()
+    p = sub.add_parser("fit", help="train a WordPiece tokenizer + small BERT masked LM on the training sentences",
+                       description="Train a WordPiece tokenizer and a small BERT masked LM on the sentences of "
+                       "the manifest's training split, sized for a CPU (minutes).", epilog=_FIT_EPILOG,
+                       formatter_class=fmt)
+    p.add_argument("--manifest", required=True, help="manifest parquet with a 'sentences' column")
+    p.add_argument("--out", required=True, help="output directory (Hugging Face format)")
+    p.add_argument("--split", default="train", help="rows to train on: a split name or 'all' (default: train); "
+                   "the 'validate' rows give a validation loss")
+    p.add_argument("--vocab-size", type=int, default=d.vocab_size,
+                   help=f"WordPiece vocabulary at most (default {d.vocab_size})")
+    p.add_argument("--min-frequency", type=int, default=d.min_frequency, help=f"default {d.min_frequency}")
+    p.add_argument("--layers", type=int, default=d.layers, help=f"default {d.layers}")
+    p.add_argument("--hidden", type=int, default=d.hidden, help=f"default {d.hidden}")
+    p.add_argument("--heads", type=int, default=d.heads, help=f"default {d.heads}")
+    p.add_argument("--max-length", type=int, default=d.max_length,
+                   help=f"positions, special tokens included (default {d.max_length})")
+    p.add_argument("--epochs", type=float, default=d.epochs, help=f"passes over the sentences (default {d.epochs:g})")
+    p.add_argument("--max-minutes", type=float, default=d.max_minutes,
+                   help=f"wall-clock budget; the LR schedule is fitted to it (default {d.max_minutes:g})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"default {d.batch_size}")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr:g})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"default {d.seed}")
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's; 1 is faster on a busy shared machine)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run_fit)
+
+    p = sub.add_parser("score", help="PLL of every distinct manifest sentence -> eta table (cached)",
+                       description="Score each distinct sentence of a manifest with a masked LM "
+                       "(pseudo-log-likelihood) and turn it into eta_LM = min(a * p^k, eta_max).",
+                       epilog=_SCORE_EPILOG, formatter_class=fmt)
+    p.add_argument("--manifest", required=True, help="manifest parquet with a 'sentences' column")
+    p.add_argument("--model", required=True, metavar="DIR_OR_HUB_ID",
+                   help="a masked LM: a local directory (e.g. from `medclr lm fit`) or a hub id already in the cache")
+    p.add_argument("--out", required=True, help="eta table parquet (also the cache)")
+    p.add_argument("--split", default="all", help="rows to score: a split name or 'all' (default)")
+    p.add_argument("--a", type=float, default=0.2, help="eta scale a (paper: 0.2)")
+    p.add_argument("--k", type=float, default=0.35, help="eta exponent k (paper: 0.35)")
+    p.add_argument("--norm", choices=("sum", "mean"), default="sum",
+                   help="log p = PLL summed over word pieces (sum, paper) or per piece (mean)")
+    p.add_argument("--eta-max", type=float, default=0.5, help="clip eta at this value < 1 (default 0.5)")
+    p.add_argument("--pll", choices=("original", "word-l2r"), default="original",
+                   help="PLL variant: original (Salazar et al.) or word-l2r (Kauf & Ivanova)")
+    p.add_argument("--long", choices=("window", "truncate", "error"), default="window",
+                   help="sentences over the model's length limit: score every piece in a centred window "
+                   "(default), score only the first pieces, or stop")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences expanded together (default 64)")
+    p.add_argument("--max-batch-tokens", type=int, default=32768, help="padded tokens per forward pass (memory)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when present)")
+    p.add_argument("--rescore", action="store_true", help="ignore the cache in --out")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    p.add_argument("--allow-network", action="store_true", help="let transformers download a hub model")
+    p.add_argument("--trust-remote-code", action="store_true", help="run the model repository's own code")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run_score)
+
+    p = sub.add_parser("calibrate", help="eta_LM against the true class probability (phantom): Spearman, fit a, k",
+                       description="Compare log eta_LM with log rho, the true class probability of each study "
+                       "(CXR-Phantom), and fit a, k by least squares on log-log.", epilog=_CAL_EPILOG,
+                       formatter_class=fmt)
+    p.add_argument("--manifest", required=True,
+                   help="manifest with latent_class and latent_class_prob (or see --ground-truth)")
+    p.add_argument("--ground-truth", default=None, metavar="PARQUET",
+                   help="take latent_class / latent_class_prob from this table instead (e.g. "
+                   "phantom/phantom_ground_truth.parquet), joined on dicom_id, else study_id")
+    p.add_argument("--eta", required=True, help="eta table from `medclr lm score`")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--norm", choices=("sum", "mean"), default=None, help="default: the eta table's")
+    p.add_argument("--fit-split", default="train", help="rows used to fit a and k; the others evaluate (default train)")
+    p.set_defaults(run=run_calibrate)
+
+    p = sub.add_parser("report", help="PLL distribution and PLL against sentence frequency (plot + json)",
+                       description="Describe an eta table: the PLL distribution, PLL against how often each "
+                       "sentence occurs, the top and bottom sentences.", epilog=_REPORT_EPILOG, formatter_class=fmt)
+    p.add_argument("--eta", required=True, help="eta table from `medclr lm score`")
+    p.add_argument("--out", required=True, help="output directory (lm_pll_distribution.png, lm_report.json)")
+    p.set_defaults(run=run_report)
+
+
+def _sentences(manifest, split):
+    from medclr.lm.eta import manifest_sentences
+
+    return manifest_sentences(manifest, split)["sentence"].tolist()
+
+
+def _threads(n):
+    if n is not None:
+        if n < 1:
+            raise MedclrError("--threads must be at least 1")
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    from medclr.data.manifest import read_manifest
+    from medclr.lm.fit import FitConfig, fit_lm
+
+    _threads(args.threads)
+    manifest = read_manifest(args.manifest)
+    train = _sentences(manifest, args.split)
+    val = _sentences(manifest, "validate") if args.split != "all" and (manifest["split"] == "validate").any() else []
+    cfg = FitConfig(vocab_size=args.vocab_size, min_frequency=args.min_frequency, layers=args.layers,
+                    hidden=args.hidden, heads=args.heads, max_length=args.max_length, epochs=args.epochs,
+                    max_minutes=args.max_minutes, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    fit_lm(train, args.out, cfg, val_sentences=val, overwrite=args.overwrite, progress=not args.no_progress)
+    return 0
+
+
+def run_score(args: argparse.Namespace) -> int:
+    from medclr.data.manifest import read_manifest
+    from medclr.lm.eta import score_manifest
+    from medclr.lm.load import load_masked_lm
+
+    if args.batch_size < 1 or args.max_batch_tokens < 1:
+        raise MedclrError("--batch-size and --max-batch-tokens must be positive")
+    _threads(args.threads)
+    manifest = read_manifest(args.manifest)
+    model, tok = load_masked_lm(args.model, allow_network=args.allow_network,
+                                trust_remote_code=args.trust_remote_code, device=args.device)
+    summary = score_manifest(manifest, model, tok, args.out, model_name=str(args.model),
+                             split=None if args.split == "all" else args.split, a=args.a, k=args.k, norm=args.norm,
+                             eta_max=args.eta_max, word_l2r=args.pll == "word-l2r", long=args.long,
+                             batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
+                             progress=not args.no_progress)
+    print(json.dumps(summary))
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from medclr.data.manifest import read_manifest
+    from medclr.lm.calibrate import calibrate
+    from medclr.lm.eta import read_eta_table
+
+    manifest = read_manifest(args.manifest)
+    if args.ground_truth:
+        from medclr.lm.calibrate import attach_ground_truth
+
+        manifest = attach_ground_truth(manifest, args.ground_truth)
+    table, meta = read_eta_table(args.eta)
+    result = calibrate(manifest, table, args.out, eta_meta=meta, norm=args.norm, fit_split=args.fit_split)
+    s = result["sentence"]
+    print(json.dumps({"out": args.out, "spearman": s["spearman_logp_logrho"], "a": s["fit"]["a"], "k": s["fit"]["k"],
+                      "r2": s["fit"]["r2"]}))
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from medclr.lm.eta import read_eta_table
+    from medclr.lm.report import describe
+
+    table, meta = read_eta_table(args.eta)
+    result = describe(table, args.out, meta=meta)
+    print(json.dumps({"out": args.out, "distinct_sentences": result["distinct_sentences"],
+                      "spearman_pll_logcount": result["spearman_pll_logcount"]}))
+    return 0

@@ -1,0 +1,162 @@
+"""Load a Hugging Face masked LM + tokenizer for PLL scoring, offline first.
+
+``load_masked_lm(name_or_path)`` accepts a local directory (e.g. the output of
+``medclr lm fit``) or a hub id that is already in the local Hugging Face cache.
+It never touches the network unless ``allow_network=True`` and never runs
+repository code unless ``trust_remote_code=True``. Every failure is one
+:class:`~medclr.errors.MedclrError` line:
+
+* a path that does not exist;
+* a hub id that is not cached (and no network allowed);
+* a checkpoint with no masked-LM class (e.g. GPT-2);
+* a checkpoint whose MLM head is MISSING (e.g. a sentence-embedding model saved
+  as ``BertModel`` without ``cls.*`` tensors): transformers would silently put
+  a random head on it, and every PLL would be noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+from pathlib import Path
+
+from medclr.errors import MedclrError
+
+log = logging.getLogger(__name__)
+
+FIT_HINT = "a local model directory, e.g. the output of `medclr lm fit --manifest M --out DIR`"
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' load reports and progress bars; restore them afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$")
+
+
+def _looks_like_path(name: str) -> bool:
+    """Anything that cannot be a hub id ("name" or "org/name") is treated as a path."""
+    return not _HUB_ID.match(name)
+
+
+def _resolve(name_or_path: str | os.PathLike) -> tuple[str, bool]:
+    """(what to pass to from_pretrained, is_local_dir)."""
+    name = str(name_or_path)
+    if not name.strip():
+        raise MedclrError(f"no model given; pass {FIT_HINT}")
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise MedclrError(f"{path}: no config.json in this directory; expected {FIT_HINT}")
+        return str(path), True
+    if path.exists():
+        raise MedclrError(f"{path}: is a file; expected {FIT_HINT}")
+    if _looks_like_path(name):
+        raise MedclrError(f"{path}: model directory not found; pass {FIT_HINT}")
+    return name, False
+
+
+def load_masked_lm(
+    name_or_path: str | os.PathLike,
+    *,
+    allow_network: bool = False,
+    trust_remote_code: bool = False,
+    device: str | None = None,
+):
+    """Return ``(model, tokenizer)``: an ``AutoModelForMaskedLM`` in eval mode and its fast tokenizer.
+
+    ``name_or_path``: a local directory or a hub id already in the cache
+    (``allow_network=True`` lets transformers download it). ``device``: where
+    to put the model (``None``: CUDA when present, else CPU).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+
+    target, is_local = _resolve(name_or_path)
+    kwargs = {"local_files_only": not allow_network, "trust_remote_code": trust_remote_code}
+    with quiet_transformers():
+        try:
+            config = AutoConfig.from_pretrained(target, **kwargs)
+        except OSError:
+            if is_local:
+                raise MedclrError(f"{target}: config.json could not be read; expected {FIT_HINT}") from None
+            where = "in the local Hugging Face cache" if not allow_network else "on the hub or in the cache"
+            extra = "" if allow_network else " (or add --allow-network to download it)"
+            raise MedclrError(
+                f"{target}: not a local directory and not found {where}; pass {FIT_HINT}{extra}"
+            ) from None
+        except ValueError as exc:
+            if "trust_remote_code" in str(exc):
+                raise MedclrError(
+                    f"{target}: this model needs its own code from the repository; pass --trust-remote-code "
+                    "only if you trust it"
+                ) from None
+            raise MedclrError(f"{target}: unreadable model config ({str(exc).splitlines()[0]})") from None
+        try:
+            model, info = AutoModelForMaskedLM.from_pretrained(target, output_loading_info=True, **kwargs)
+        except ValueError as exc:
+            msg = str(exc).splitlines()[0]
+            if "Unrecognized configuration class" in msg or "AutoModelForMaskedLM" in msg:
+                raise MedclrError(
+                    f"{target}: model type '{config.model_type}' has no masked-LM class; PLL needs a masked LM "
+                    "(BERT-like, e.g. CXR-BERT or the output of `medclr lm fit`)"
+                ) from None
+            raise MedclrError(f"{target}: could not load as a masked LM ({msg})") from None
+        except OSError as exc:
+            raise MedclrError(f"{target}: model weights could not be read ({str(exc).splitlines()[0]})") from None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(target, **kwargs)
+        except (OSError, ValueError, TypeError) as exc:
+            raise MedclrError(
+                f"{target}: no usable tokenizer saved with the model ({str(exc).splitlines()[0]})"
+            ) from None
+
+    prefix = getattr(model, "base_model_prefix", "")
+    missing = sorted(k for k in info.get("missing_keys", ()) if prefix and not k.startswith(prefix + "."))
+    if missing:
+        raise MedclrError(
+            f"{target}: the checkpoint has no masked-LM head (MISSING {missing[0]}"
+            f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}); it looks like an encoder or "
+            "sentence-embedding model, and a random head would make PLL meaningless; pass a masked LM, "
+            f"e.g. {FIT_HINT}"
+        )
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device).eval()
+    log.info("loaded masked LM %s (%s, %.1fM parameters) on %s", target, type(model).__name__,
+             sum(p.numel() for p in model.parameters()) / 1e6, device)
+    return model, tokenizer
+
+
+def model_fingerprint(model, tokenizer) -> str:
+    """A stable hex digest of the weights and the vocabulary (the cache key of ``lm score``)."""
+    import torch
+
+    h = hashlib.sha256()
+    h.update(type(model).__name__.encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    vocab = tokenizer.get_vocab()
+    for tok in sorted(vocab):
+        h.update(f"{tok}\t{vocab[tok]}\n".encode())
+    return h.hexdigest()[:32]
+

@@ -1,0 +1,78 @@
+"""Common front end of every image-text loss module.
+
+Calling convention: loss(image_emb, text_emb, index=None, eta=None) -> scalar tensor.
+- image_emb, text_emb: this rank's b x d embeddings of b image-report pairs (row k of each
+  is a positive pair). Any float dtype; the loss works in float32 (float64 stays float64)
+  with autocast disabled, because an fp16 matmul quantises cosines to ~5e-4, i.e. ~0.05 nat
+  at tau = 0.01, before any exp is taken.
+- Embeddings are L2-normalised inside the loss by default (normalize=True). Renormalising
+  an already unit vector is a no-op for the value, and the gradient that reaches the encoder
+  is unchanged (the tangent projection is idempotent), so callers may normalise or not.
+  t_infonce accepts normalize=False for the Euclidean variant of the SNE paper.
+- index: dataset indices (int, shape (b,)) for losses with per-sample tables; eta:
+  per-pair class probabilities for dcl_lm. Arguments a loss does not use are ignored, so a
+  training loop may pass both to every loss.
+- Every loss is symmetric: image->text and text->image rows are averaged (SigLIP and the
+  globally normalised t_infonce score each pair once, which is already symmetric).
+- Under torch.distributed: local anchors x gathered global candidates; see distributed.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from medclr.errors import MedclrError
+from medclr.losses._logspace import upcast
+from medclr.losses.distributed import GlobalBatch
+
+
+class ContrastiveLoss(nn.Module):
+    """Base class: validates inputs, upcasts, normalises, gathers, then calls `compute`."""
+
+    def __init__(self, normalize: bool = True):
+        super().__init__()
+        self.normalize = bool(normalize)
+
+    def extra_repr(self) -> str:
+        keys = [k for k in ("tau", "eta", "gamma", "num_samples", "t_df", "normalization") if hasattr(self, k)]
+        return ", ".join(f"{k}={getattr(self, k)}" for k in keys)
+
+    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
+        x = upcast(x)
+        return F.normalize(x, dim=-1) if self.normalize else x
+
+    def forward(self, image_emb: torch.Tensor, text_emb: torch.Tensor, index=None, eta=None, **extra):
+        for name, x in (("image_emb", image_emb), ("text_emb", text_emb)):
+            if not isinstance(x, torch.Tensor) or x.ndim != 2 or not x.is_floating_point():
+                got = (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise MedclrError(f"{name}: expected a floating-point b x d tensor, got {got}")
+        if image_emb.shape != text_emb.shape:
+            raise MedclrError(
+                f"image_emb {tuple(image_emb.shape)} and text_emb {tuple(text_emb.shape)}: "
+                "expected the same b x d shape (row k of each is a positive pair)"
+            )
+        with torch.autocast(device_type=image_emb.device.type, enabled=False):
+            batch = GlobalBatch(self._prepare(image_emb), self._prepare(text_emb))
+            if batch.B < 2:
+                raise MedclrError("batch: a contrastive loss needs at least 2 pairs in the (global) batch")
+            return self.compute(batch, index=index, eta=eta, **extra)
+
+    def compute(self, batch: GlobalBatch, index=None, eta=None) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+def check_index(index, b: int, num_samples: int, device: torch.device) -> torch.Tensor:
+    """Dataset indices for per-sample tables: int tensor (b,) with values in [0, num_samples)."""
+    if index is None:
+        raise MedclrError("index: this loss keeps per-sample tables and needs the dataset index of each pair")
+    if not isinstance(index, torch.Tensor):
+        index = torch.as_tensor(index)
+    if index.ndim != 1 or index.shape[0] != b or index.is_floating_point() or index.dtype == torch.bool:
+        raise MedclrError(f"index: expected an integer tensor of shape ({b},), got {tuple(index.shape)} {index.dtype}")
+    index = index.to(device=device, dtype=torch.long)
+    lo, hi = int(index.min()), int(index.max())  # one host sync; an out-of-range write is silent on CUDA
+    if lo < 0 or hi >= num_samples:
+        raise MedclrError(f"index: values must lie in [0, {num_samples}) (num_samples), got [{lo}, {hi}]")
+    return index

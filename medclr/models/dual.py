@@ -1,0 +1,170 @@
+"""DualEncoder: image encoder + text encoder + similarity head, with a checkpoint-directory format.
+
+Checkpoint directory (DESIGN §3): ``config.json`` (``to_config()``, enough to rebuild the modules),
+``model.safetensors`` (all parameters and persistent buffers), ``tokenizer/`` (the text tokenizer's
+``save_pretrained``). Other files there (loss state, optimizer, trainer state) belong to training and
+are left alone. Loading never unpickles and never runs code from the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from medclr.errors import MedclrError
+from medclr.models.image import ImageEncoder, ImageFeatures
+from medclr.models.similarity import build_head
+from medclr.models.hub import load_tokenizer, one_line
+from medclr.models.text import TextEncoder, TextFeatures
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_DIR = "tokenizer"
+FORMAT = "medclr.dual_encoder/1"
+
+
+class DualEncoder(nn.Module):
+    def __init__(self, image_encoder: ImageEncoder, text_encoder: TextEncoder, head: nn.Module) -> None:
+        super().__init__()
+        if image_encoder.joint_dim != text_encoder.joint_dim:
+            raise MedclrError(
+                f"joint dims differ: image {image_encoder.joint_dim} vs text {text_encoder.joint_dim}"
+            )
+        self.image_encoder, self.text_encoder, self.head = image_encoder, text_encoder, head
+
+    @property
+    def joint_dim(self) -> int:
+        return self.image_encoder.joint_dim
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.text_encoder.tokenizer
+
+    # -- forward pieces -----------------------------------------------------------------------------
+    def encode_image(self, images: torch.Tensor) -> ImageFeatures:
+        """B x 1 x H x W in [0, 1] -> ImageFeatures(regions B x D x h x w, global_emb B x D unit)."""
+        return self.image_encoder(images)
+
+    def encode_text(self, text: Sequence[str] | str | Mapping[str, torch.Tensor]) -> TextFeatures:
+        """Sentences (tokenised here) or a pre-tokenised batch -> TextFeatures (embedding B x D unit)."""
+        if isinstance(text, Mapping):
+            return self.text_encoder.encode_batch(text)
+        return self.text_encoder.encode_batch(self.text_encoder.tokenize(text))
+
+    @staticmethod
+    def _text_emb(text: TextFeatures | torch.Tensor) -> torch.Tensor:
+        return text.embedding if isinstance(text, TextFeatures) else text
+
+    def similarity(self, image: ImageFeatures, text: TextFeatures | torch.Tensor) -> torch.Tensor:
+        """B_img x B_txt similarity matrix (row = image, column = sentence) in [-1, 1]."""
+        return self.head(image, self._text_emb(text))
+
+    def region_scores(self, image: ImageFeatures, text: TextFeatures | torch.Tensor) -> torch.Tensor:
+        """B_img x B_txt x h x w region-sentence cosines (the grounding heatmap before resizing)."""
+        return self.head.region_scores(image, self._text_emb(text))
+
+    def forward(
+        self, images: torch.Tensor, text: Sequence[str] | Mapping[str, torch.Tensor]
+    ) -> tuple[ImageFeatures, TextFeatures, torch.Tensor]:
+        img, txt = self.encode_image(images), self.encode_text(text)
+        return img, txt, self.similarity(img, txt)
+
+    # -- config round trip --------------------------------------------------------------------------
+    def to_config(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "image": self.image_encoder.to_config(),
+            "text": self.text_encoder.to_config(),
+            "head": self.head.to_config(),
+        }
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], tokenizer: Any = None, load_image_weights: bool = True) -> "DualEncoder":
+        """Rebuild the architecture from :meth:`to_config` (random weights except, when
+        ``load_image_weights``, cached ImageNet weights as the image config asks)."""
+        if not isinstance(cfg, Mapping) or cfg.get("format") != FORMAT:
+            got = cfg.get("format") if isinstance(cfg, Mapping) else type(cfg).__name__
+            raise MedclrError(f"model config: format {got!r}, expected {FORMAT!r}")
+        image = ImageEncoder.from_config(cfg["image"], load_weights=load_image_weights)
+        text = TextEncoder.from_config(cfg["text"], tokenizer=tokenizer)
+        head = build_head(cfg["head"], dim=image.joint_dim)
+        return cls(image, text, head)
+
+    # -- checkpoint directory -----------------------------------------------------------------------
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        from safetensors.torch import save_model
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        # Write to temporaries then rename, so a crash never leaves a half-written checkpoint file.
+        tmp_cfg, tmp_w = out / (CONFIG_NAME + ".tmp"), out / (WEIGHTS_NAME + ".tmp")
+        tmp_cfg.write_text(json.dumps(self.to_config(), indent=2, sort_keys=True, default=str))
+        # save_model (not save_file) de-duplicates tied/shared tensors instead of failing on them.
+        save_model(self, str(tmp_w), metadata={"format": "pt", "medclr": FORMAT})
+        os.replace(tmp_w, out / WEIGHTS_NAME)
+        os.replace(tmp_cfg, out / CONFIG_NAME)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(out / TOKENIZER_DIR)
+        return out
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> "DualEncoder":
+        from safetensors.torch import load_model
+
+        src = Path(directory)
+        cfg_path, w_path = src / CONFIG_NAME, src / WEIGHTS_NAME
+        for p in (cfg_path, w_path):
+            if not p.is_file():
+                raise MedclrError(f"checkpoint {str(src)!r}: missing {p.name} (expected a `medclr train` output dir)")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except ValueError as exc:
+            raise MedclrError(f"checkpoint {str(cfg_path)!r}: not valid JSON ({one_line(exc)})") from exc
+        tok_dir = src / TOKENIZER_DIR
+        tokenizer = load_tokenizer(tok_dir, trust_remote_code=False) if tok_dir.is_dir() else None
+        # The trunk's ImageNet file is not needed: every weight comes from model.safetensors.
+        try:
+            model = cls.from_config(cfg, tokenizer=tokenizer, load_image_weights=False)
+        except (KeyError, TypeError) as exc:
+            raise MedclrError(f"checkpoint {str(cfg_path)!r}: incomplete or invalid model config ({one_line(exc)})") from exc
+        try:
+            missing, unexpected = load_model(model, str(w_path), strict=False, device=str(map_location))
+        except Exception as exc:  # safetensors raises its own error types on corrupt files
+            raise MedclrError(f"checkpoint {str(w_path)!r}: cannot be read ({one_line(exc)})") from exc
+        if missing or unexpected:
+            raise MedclrError(
+                f"checkpoint {str(w_path)!r} does not match its config.json: {len(missing)} missing, "
+                f"{len(unexpected)} unexpected tensors (e.g. {sorted(missing + unexpected)[:3]})"
+            )
+        return model.to(map_location)
+
+
+def build_dual_encoder(
+    text_model: str | os.PathLike,
+    *,
+    arch: str = "resnet18",
+    joint_dim: int = 128,
+    head: str | Mapping[str, Any] = "lse_nl",
+    image_pretrained: str = "auto",
+    projector: str = "linear",
+    input_norm: str = "imagenet",
+    channels_last: bool = False,
+    pooling: str = "cls",
+    max_length: int = 128,
+    allow_network: bool = False,
+    trust_remote_code: bool = False,
+) -> DualEncoder:
+    """A fresh model for training: ResNet trunk (ImageNet init only if cached) + the text model at
+    ``text_model`` (local dir or cached hub id) + a head. Seed torch before calling for a
+    reproducible initialisation."""
+    image = ImageEncoder(arch, joint_dim=joint_dim, projector=projector, pretrained=image_pretrained,
+                         input_norm=input_norm, channels_last=channels_last)
+    text = TextEncoder.from_pretrained(text_model, joint_dim=joint_dim, pooling=pooling, max_length=max_length,
+                                       allow_network=allow_network, trust_remote_code=trust_remote_code)
+    return DualEncoder(image, text, build_head(dict(head) if isinstance(head, Mapping) else head, dim=joint_dim))

@@ -1,0 +1,355 @@
+"""medclr.lm: exact PLL against a naive loop, bad input, fit/score/calibrate on tiny data.
+
+Every model here is a tiny random BertForMaskedLM with its own WordPiece
+vocabulary built in the test; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from medclr.errors import MedclrError  # noqa: E402
+from medclr.lm import load_masked_lm, pseudo_log_likelihood, score_sentences  # noqa: E402
+
+CORPUS = [
+    "No acute cardiopulmonary abnormality.",
+    "Heart size is normal.",
+    "The lungs are clear.",
+    "There is a small right pleural effusion.",
+    "No pneumothorax or pleural effusion.",
+    "Mild cardiomegaly with pulmonary vascular congestion.",
+    "Calcified granuloma in the left upper lobe.",
+    "Degenerative changes of the thoracic spine.",
+    "Pneumomediastinum is seen along the left heart border.",
+    "Stable postoperative appearance of the mediastinum.",
+] * 3
+
+SENTENCES = [
+    "No acute cardiopulmonary abnormality.",
+    "Heart size is normal.",
+    "There is a small right pleural effusion.",
+    "Pneumomediastinum is seen.",
+    "Xylophone quartz effusion.",  # unknown pieces -> [UNK] and sub-word splits
+    "Clear.",
+    "Heart size is normal.",  # a duplicate
+]
+
+
+def _tokenizer(max_len=64):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast
+
+    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    # a small vocabulary so that rarer words split into several pieces
+    tk.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=120, min_frequency=2, special_tokens=special))
+    cls, sep = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")
+    tk.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return BertTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                             sep_token="[SEP]", mask_token="[MASK]", model_max_length=max_len)
+
+
+def _model(tok, max_pos=64, seed=0):
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=max_pos, pad_token_id=tok.pad_token_id)
+    model = BertForMaskedLM(cfg).eval()
+    with torch.no_grad():  # a random init is nearly uniform; sharpen it so the scores differ a lot
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tok = _tokenizer()
+    return _model(tok), tok
+
+
+def naive_pll(sentence, model, tok, word_l2r=False, window=None):
+    """One full forward per masked position; window=W scores long sentences in a centred W-piece window."""
+    enc = tok(sentence, add_special_tokens=False)
+    body = enc["input_ids"]
+    wid = enc.word_ids()
+    total = 0.0
+    for t in range(len(body)):
+        lo = 0
+        if window is not None and len(body) > window:
+            lo = min(max(t - window // 2, 0), len(body) - window)
+        hi = lo + (window if window is not None and len(body) > window else len(body))
+        ids = list(body)
+        ids[t] = tok.mask_token_id
+        if word_l2r:
+            for j in range(t + 1, len(body)):
+                if wid[j] == wid[t]:
+                    ids[j] = tok.mask_token_id
+        ids = [tok.cls_token_id] + ids[lo:hi] + [tok.sep_token_id]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, t - lo + 1]
+        total += torch.log_softmax(logits, -1)[body[t]].item()
+    return total
+
+
+@pytest.mark.parametrize("word_l2r", [False, True])
+def test_pll_equals_naive_loop(tiny, word_l2r):
+    model, tok = tiny
+    ref = np.array([naive_pll(s, model, tok, word_l2r) for s in SENTENCES])
+    got = pseudo_log_likelihood(SENTENCES, model, tok, batch_size=3, word_l2r=word_l2r, progress=False)
+    assert got.shape == (len(SENTENCES),) and got.dtype == np.float64
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    assert np.all(got < 0) and got[1] == got[6]
+    # tiny forward passes (a token budget smaller than one sentence's copies) give the same numbers
+    np.testing.assert_allclose(
+        pseudo_log_likelihood(SENTENCES, model, tok, batch_size=64, max_batch_tokens=16, word_l2r=word_l2r,
+                              progress=False), ref, atol=1e-4, rtol=0)
+
+
+def test_word_l2r_differs_only_on_split_words(tiny):
+    model, tok = tiny
+    split_word = [s for s in SENTENCES if any(t.startswith("##") for t in tok.tokenize(s))]
+    assert split_word, "the tiny vocabulary should split some words"
+    plain = pseudo_log_likelihood(SENTENCES, model, tok, progress=False)
+    l2r = pseudo_log_likelihood(SENTENCES, model, tok, word_l2r=True, progress=False)
+    for s, a, b in zip(SENTENCES, plain, l2r):
+        assert (abs(a - b) > 1e-6) == (s in split_word)
+
+
+def test_special_tokens_excluded_and_counts(tiny):
+    model, tok = tiny
+    res = score_sentences(SENTENCES, model, tok, progress=False)
+    expected = [len(tok(s, add_special_tokens=False)["input_ids"]) for s in SENTENCES]
+    assert res.n_tokens.tolist() == expected and res.n_scored.tolist() == expected
+    assert not res.long.any() and res.max_length == 64
+    np.testing.assert_allclose(res.pll_per_token, res.pll / np.array(expected))
+
+
+def test_long_sentences_window_truncate_error():
+    tok = _tokenizer(max_len=8)
+    model = _model(tok, max_pos=8)
+    long_s = "There is a small right pleural effusion with mild cardiomegaly."
+    n = len(tok(long_s, add_special_tokens=False)["input_ids"])
+    assert n > 6
+    res = score_sentences([long_s, "Clear."], model, tok, progress=False)
+    assert res.long.tolist() == [True, False] and res.n_scored[0] == n
+    np.testing.assert_allclose(res.pll[0], naive_pll(long_s, model, tok, window=6), atol=1e-4)
+    tr = score_sentences([long_s], model, tok, long="truncate", progress=False)
+    assert tr.n_scored[0] == 6 and tr.n_tokens[0] == n
+    with pytest.raises(MedclrError, match="limit of 8"):
+        pseudo_log_likelihood([long_s], model, tok, long="error", progress=False)
+
+
+@pytest.mark.parametrize("bad", [[""], ["ok.", "   "], "a string", [3], ["ok.", "\u200b"]])
+def test_bad_sentences(tiny, bad):
+    model, tok = tiny
+    with pytest.raises(MedclrError):
+        pseudo_log_likelihood(bad, model, tok, progress=False)
+
+
+def test_model_without_mlm_head(tiny, tmp_path):
+    from transformers import BertModel
+
+    _, tok = tiny
+    enc = BertModel(_model(tok).config)
+    with pytest.raises(MedclrError, match="no masked-LM head"):
+        pseudo_log_likelihood(["Heart size is normal."], enc, tok, progress=False)
+    # a sentence-embedding style checkpoint: BertModel weights, no cls.* tensors
+    enc.save_pretrained(tmp_path / "encoder")
+    tok.save_pretrained(tmp_path / "encoder")
+    with pytest.raises(MedclrError, match=r"MISSING cls\.predictions"):
+        load_masked_lm(tmp_path / "encoder", device="cpu")
+
+
+def test_load_errors(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(MedclrError, match="not found"):
+        load_masked_lm(tmp_path / "nope")
+    with pytest.raises(MedclrError, match="medclr lm fit"):
+        load_masked_lm("medclr-test-org/surely-not-cached-model")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MedclrError, match="config.json"):
+        load_masked_lm(tmp_path / "empty")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=40, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(MedclrError, match="no masked-LM class"):
+        load_masked_lm(tmp_path / "gpt2")
+    model, tok = tiny
+    model.save_pretrained(tmp_path / "mlm")
+    tok.save_pretrained(tmp_path / "mlm")
+    m2, t2 = load_masked_lm(tmp_path / "mlm", device="cpu")
+    np.testing.assert_allclose(pseudo_log_likelihood(SENTENCES, m2, t2, progress=False),
+                               pseudo_log_likelihood(SENTENCES, model, tok, progress=False), atol=1e-5)
+
+
+# ---------------------------------------------------------------- eta, join, score, fit, calibrate
+
+def _manifest(path, sentences, splits=None, **extra):
+    from medclr.data.manifest import write_manifest
+
+    df = pd.DataFrame({"sentences": sentences, "split": splits or ["train"] * len(sentences), **extra})
+    write_manifest(df, path)
+    return path
+
+
+def test_eta_formula_norm_and_clip():
+    from medclr.lm.eta import eta_from_pll
+
+    pll, n = np.array([-10.0, -2.0, 0.0]), np.array([5, 1, 1])
+    np.testing.assert_allclose(eta_from_pll(pll), 0.2 * np.exp(0.35 * pll))
+    np.testing.assert_allclose(eta_from_pll(pll, n, norm="mean"), 0.2 * np.exp(0.35 * pll / n))
+    np.testing.assert_allclose(eta_from_pll(pll, a=0.9, eta_max=0.5), np.minimum(0.9 * np.exp(0.35 * pll), 0.5))
+    for bad in ({"a": 0.0}, {"k": -1.0}, {"eta_max": 1.0}, {"norm": "max"}):
+        with pytest.raises(MedclrError):
+            eta_from_pll(pll, n, **bad)
+
+
+def test_join_eta_aligns_with_manifest_sentences():
+    from medclr.data.text import sentence_hash
+    from medclr.lm.eta import eta_long, join_eta
+
+    manifest = pd.DataFrame({"index": [0, 1, 2], "split": ["train"] * 3,
+                             "sentences": [["Heart normal.", "No  effusion."], [], ["No effusion."]]})
+    table = pd.DataFrame({"sentence_hash": [sentence_hash("Heart normal."), sentence_hash("No effusion.")],
+                          "eta": [0.1, 0.02]})
+    got = join_eta(manifest, table)
+    assert [g.tolist() for g in got] == [[0.1, 0.02], [], [0.02]]  # whitespace-normalised hash joins
+    long = eta_long(manifest, table)
+    assert long[["index", "position"]].values.tolist() == [[0, 0], [0, 1], [2, 0]]
+    with pytest.raises(MedclrError, match="not in the eta table"):
+        join_eta(manifest.assign(sentences=[["Heart normal."], ["Unseen."], []]), table)
+    assert np.isnan(join_eta(manifest.assign(sentences=[["Unseen."], [], []]), table, missing="nan")[0][0])
+
+
+def test_score_cli_caches_and_joins(tiny, tmp_path, capsys):
+    from medclr.cli import main
+    from medclr.data.manifest import read_manifest
+    from medclr.lm.eta import join_eta, read_eta_table
+
+    model, tok = tiny
+    model.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    rows = [SENTENCES[:3], SENTENCES[3:5], [SENTENCES[1]]]
+    m = _manifest(tmp_path / "m.parquet", rows)
+    out = tmp_path / "eta.parquet"
+    args = ["lm", "score", "--manifest", str(m), "--model", str(tmp_path / "lm"), "--out", str(out), "--no-progress",
+            "--device", "cpu"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["distinct"] == 5 and first["scored"] == 5 and first["sentences"] == 6
+    table, meta = read_eta_table(out)
+    assert list(table.columns)[:8] == ["sentence_hash", "sentence", "count", "n_tokens", "n_scored", "pll",
+                                       "pll_per_token", "eta"]
+    assert meta["a"] == 0.2 and meta["k"] == 0.35 and meta["pll_variant"] == "original"
+    ref = pseudo_log_likelihood(table["sentence"].tolist(), model, tok, progress=False)
+    np.testing.assert_allclose(table["pll"], ref, atol=1e-5)
+    np.testing.assert_allclose(table["eta"], np.minimum(0.2 * np.exp(0.35 * table["pll"]), 0.5))
+    assert table.set_index("sentence")["count"]["Heart size is normal."] == 2
+    joined = join_eta(read_manifest(m), table)
+    assert [len(j) for j in joined] == [3, 2, 1] and joined[0][1] == joined[2][0]
+    # second run with one new sentence and new a, k: only that sentence is scored, eta recomputed for all
+    _manifest(m, rows + [["Calcified granuloma in the left upper lobe."]])
+    assert main(args + ["--a", "0.1", "--k", "0.5"]) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert second["scored"] == 1 and second["cached"] == 5
+    table2, meta2 = read_eta_table(out)
+    assert len(table2) == 6 and meta2["a"] == 0.1
+    np.testing.assert_allclose(table2["eta"], np.minimum(0.1 * np.exp(0.5 * table2["pll"]), 0.5))
+    # the report: PLL against sentence frequency
+    assert main(["lm", "report", "--eta", str(out), "--out", str(tmp_path / "rep")]) == 0
+    rep = json.loads((tmp_path / "rep" / "lm_report.json").read_text())
+    assert rep["distinct_sentences"] == 6 and (tmp_path / "rep" / "lm_pll_distribution.png").exists()
+    capsys.readouterr()
+    # empty sentence in a manifest: one clear line, exit code 1
+    _manifest(m, [["Heart size is normal.", "  "]])
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "row 0 sentence 1 is empty" in err[0]
+
+
+def test_fit_saves_a_loadable_seeded_model(tmp_path):
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
+
+    from medclr.lm.fit import FitConfig, fit_lm
+
+    cfg = FitConfig(vocab_size=200, layers=1, hidden=32, heads=2, max_length=32, epochs=2, batch_size=8, max_minutes=1)
+    rep = fit_lm(CORPUS, tmp_path / "a", cfg, val_sentences=CORPUS[:5], progress=False)
+    assert rep.steps == 8 and rep.stopped_by == "epochs" and rep.val_loss is not None
+    info = json.loads((tmp_path / "a" / "medclr_lm.json").read_text())
+    assert info["config"]["layers"] == 1 and info["report"]["n_train_sentences"] == len(CORPUS)
+    mlm = AutoModelForMaskedLM.from_pretrained(tmp_path / "a", local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "a", local_files_only=True)
+    enc = AutoModel.from_pretrained(tmp_path / "a", local_files_only=True)
+    assert type(mlm).__name__ == "BertForMaskedLM" and type(enc).__name__ == "BertModel"
+    assert tok.model_max_length == 32 and tok.tokenize("Pleural effusion.")[0] == "pleural"
+    m2, t2 = load_masked_lm(tmp_path / "a", device="cpu")
+    assert np.all(pseudo_log_likelihood(["Heart size is normal."], m2, t2, progress=False) < 0)
+    fit_lm(CORPUS, tmp_path / "b", cfg, progress=False)  # same seed -> same weights
+    b = AutoModelForMaskedLM.from_pretrained(tmp_path / "b", local_files_only=True)
+    for (n1, p1), (_, p2) in zip(mlm.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(p1, p2), n1
+    with pytest.raises(MedclrError, match="--overwrite"):
+        fit_lm(CORPUS, tmp_path / "a", cfg, progress=False)
+    with pytest.raises(MedclrError, match="corpus"):
+        fit_lm(CORPUS[:3], tmp_path / "c", cfg, progress=False)
+
+
+def test_calibrate_recovers_a_k(tmp_path):
+    from medclr.data.text import sentence_hash
+    from medclr.lm.calibrate import GROUND_TRUTH, calibrate
+
+    rng = np.random.default_rng(0)
+    classes = {f"c{i}": float(r) for i, r in enumerate(np.geomspace(0.002, 0.3, 12))}
+    names = list(classes)
+    rows, cls, rho, splits = [], [], [], []
+    for i in range(120):
+        c = names[i % len(names)]
+        rows.append([f"Finding {c} seen.", f"Report {i} {c}."])
+        cls.append(c)
+        rho.append(classes[c])
+        splits.append("train" if i % 4 else "test")
+    manifest = pd.DataFrame({"index": np.arange(120), "split": splits, "sentences": rows, "latent_class": cls,
+                             "latent_class_prob": rho})
+    a, k = 0.3, 0.5
+    sents = sorted({s for r in rows for s in r})
+    rho_of = {s: classes[s.split()[-1 if s.startswith("Finding") else 2].rstrip(".") if s.startswith("Report")
+                         else s.split()[1]] for s in sents}
+    pll = np.array([(np.log(rho_of[s]) - np.log(a)) / k for s in sents])
+    table = pd.DataFrame({"sentence_hash": [sentence_hash(s) for s in sents], "sentence": sents, "count": 1,
+                          "n_tokens": 4, "n_scored": 4, "pll": pll, "pll_per_token": pll / 4,
+                          "eta": np.minimum(0.2 * np.exp(0.35 * pll), 0.5)})
+    res = calibrate(manifest, table, tmp_path / "cal", eta_meta={"a": 0.2, "k": 0.35, "norm": "sum", "eta_max": 0.5})
+    s = res["sentence"]
+    assert s["spearman_logp_logrho"] == pytest.approx(1.0) and s["fit"]["r2"] == pytest.approx(1.0)
+    assert s["fit"]["a"] == pytest.approx(a, rel=1e-6) and s["fit"]["k"] == pytest.approx(k, rel=1e-6)
+    mis = s["misspecification_heldout"]
+    assert min(mis, key=mis.get).startswith("fitted") and min(mis.values()) == pytest.approx(0.0, abs=1e-9)
+    assert (tmp_path / "cal" / "calibration.png").stat().st_size > 10_000
+    assert len(pd.read_csv(tmp_path / "cal" / "per_class.csv")) == 12
+    with pytest.raises(MedclrError, match="latent_class"):
+        calibrate(manifest.drop(columns=["latent_class_prob"]), table, tmp_path / "cal")
+    # ground truth from a separate table (the phantom's), joined on dicom_id
+    from medclr.lm.calibrate import attach_ground_truth
+
+    ids = [f"d{i}" for i in range(120)]
+    manifest["dicom_id"] = ids
+    pd.DataFrame({"dicom_id": ids[::-1], "latent_class": cls[::-1], "latent_class_prob": rho[::-1]}).to_parquet(
+        tmp_path / "gt.parquet")
+    joined = attach_ground_truth(manifest.drop(columns=list(GROUND_TRUTH)), tmp_path / "gt.parquet")
+    assert joined["latent_class_prob"].tolist() == rho
+    with pytest.raises(MedclrError, match="not found"):
+        attach_ground_truth(manifest, tmp_path / "missing.parquet")

@@ -1,0 +1,279 @@
+"""NUCLR / SogCLR: one step against Eq. 12-15 and Algorithm 1 written as loops, the InfoNCE
+limit, the Eq. 9 fixed point of zeta, table semantics (eval, duplicates, checkpoint)."""
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from medclr.losses import NUCLRLoss, SogCLRLoss, build_loss
+
+
+def _emb(b, d=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    img = torch.randn(b, d, generator=g, dtype=torch.float64)
+    txt = img + 0.7 * torch.randn(b, d, generator=g, dtype=torch.float64)
+    return img, txt
+
+
+def _unit(x):
+    return x / x.norm(dim=1, keepdim=True)
+
+
+def brute_nuclr_step(img, txt, idx, n, tau, gamma, lr, tables):
+    """One training step of NUCLR from the paper, float64 loops.
+
+    tables: dict with linear u_img/u_txt (None entries = first visit), zeta_img/zeta_txt and
+    xi_img/xi_txt as python floats per dataset index. Returns (value, surrogate, new tables);
+    surrogate's autograd gradient is Eq. 15 / tau. Duplicated indices: new u averaged
+    (linear), zeta gradients averaged -- the documented convention.
+    """
+    x, y = _unit(img), _unit(txt)
+    B = x.shape[0]
+    c = (n - 1) / (B - 1)
+    new = {k: dict(v) if isinstance(v, dict) else v for k, v in tables.items()}
+    value, surrogate = 0.0, 0.0
+    for anc, cand, sim in (("img", "txt", x @ y.T), ("txt", "img", y @ x.T)):
+        zeta = [tables[f"zeta_{cand}"][int(j)] for j in idx]
+        xi = tables[f"xi_{cand}"]
+        phi = []  # phi_i(w, zeta; B) with the graph
+        for i in range(B):
+            phi.append(c * sum(torch.exp((sim[i, j] - sim[i, i] - zeta[j]) / tau) for j in range(B) if j != i))
+        u_pos = []
+        for i in range(B):
+            old = tables[f"u_{anc}"].get(int(idx[i]))
+            p = float(phi[i].detach())
+            u_pos.append(p if old is None else (1 - gamma) * old + gamma * p)
+        groups = {}
+        for i in range(B):
+            groups.setdefault(int(idx[i]), []).append(u_pos[i])
+        u_new = [sum(groups[int(idx[i])]) / len(groups[int(idx[i])]) for i in range(B)]
+        for k, vals in groups.items():
+            new[f"u_{anc}"][k] = sum(vals) / len(vals)
+        eps_xi = math.exp(-xi / tau)
+        for i in range(B):
+            value = value + math.log(1 + u_new[i] * math.exp(xi / tau)) / (2 * B)
+            surrogate = surrogate + phi[i] / (eps_xi + u_new[i]) / (2 * B)
+        # zeta step: g_j = 1 - [c * sum_{i != j} p_ij + p_jj], own zeta for the positive
+        g = []
+        for j in range(B):
+            m = 0.0
+            for i in range(B):
+                den = math.exp(-zeta[i] / tau) + u_new[i]
+                if i == j:
+                    m += math.exp(-zeta[j] / tau) / den
+                else:
+                    m += c * math.exp((float((sim[i, j] - sim[i, i]).detach()) - zeta[j]) / tau) / den
+            g.append(1.0 - m)
+        gg = {}
+        for j in range(B):
+            gg.setdefault(int(idx[j]), []).append(g[j])
+        for k, vals in gg.items():
+            new[f"zeta_{cand}"][k] = tables[f"zeta_{cand}"][k] - lr * sum(vals) / len(vals)
+        new[f"xi_{cand}"] = max(xi, max(new[f"zeta_{cand}"].values()))
+    return value, surrogate, new
+
+
+def _load_tables(loss, tables, n):
+    with torch.no_grad():
+        for m in ("img", "txt"):
+            u = torch.full((n,), float("-inf"))
+            for k, v in tables[f"u_{m}"].items():
+                u[k] = math.log(v)
+            loss.get_buffer(f"u_{m}").copy_(u)
+            loss.get_buffer(f"zeta_{m}").copy_(torch.tensor([tables[f"zeta_{m}"][k] for k in range(n)]))
+            loss.get_buffer(f"xi_{m}").fill_(tables[f"xi_{m}"])
+
+
+def _value_grads(loss, img, txt, idx):
+    img = img.clone().requires_grad_(True)
+    txt = txt.clone().requires_grad_(True)
+    v = loss(img, txt, index=idx)
+    return (v.detach(),) + torch.autograd.grad(v, (img, txt))
+
+
+@pytest.mark.parametrize("duplicates", [False, True])
+def test_one_step_matches_the_paper(duplicates):
+    n, B, tau, gamma, lr = 10, 6, 0.2, 0.7, 0.05
+    img, txt = _emb(B, seed=1)
+    idx = torch.tensor([3, 7, 0, 7, 9, 2]) if duplicates else torch.tensor([3, 7, 0, 5, 9, 2])
+    g = torch.Generator().manual_seed(5)
+    f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))  # noqa: E731  (tables are float32)
+    zeta = {m: {k: f32(0.1 * float(torch.randn(1, generator=g))) for k in range(n)} for m in ("img", "txt")}
+    u = lambda v: math.exp(f32(math.log(v)))  # noqa: E731  (u is stored as a float32 log)
+    tables = {
+        "u_img": {3: u(4.0), 7: u(2.5), 9: u(0.7)},  # 0, 2, 5 never visited: first visit takes phi
+        "u_txt": {3: u(1.5), 0: u(3.0), 2: u(0.2), 7: u(9.0)},
+        "zeta_img": zeta["img"], "zeta_txt": zeta["txt"],
+        "xi_img": f32(max(zeta["img"].values()) + 0.01), "xi_txt": max(zeta["txt"].values()),
+    }
+    loss = NUCLRLoss(n, tau=tau, gamma=gamma, zeta_lr=lr, zeta_init=0.0, freeze_zeta_steps=0)
+    _load_tables(loss, tables, n)
+    v, gi, gt = _value_grads(loss, img, txt, idx)
+
+    bi, bt = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
+    value, surrogate, new = brute_nuclr_step(bi, bt, idx, n, tau, gamma, lr, tables)
+    bgi, bgt = torch.autograd.grad(surrogate, (bi, bt))
+    torch.testing.assert_close(v, torch.tensor(value, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gi, bgi, rtol=1e-8, atol=1e-12)
+    torch.testing.assert_close(gt, bgt, rtol=1e-8, atol=1e-12)
+    for m in ("img", "txt"):
+        for k, u in new[f"u_{m}"].items():
+            assert math.isclose(float(loss.get_buffer(f"u_{m}")[k].exp()), u, rel_tol=1e-5), (m, k)
+        for k in range(n):
+            assert math.isclose(float(loss.get_buffer(f"zeta_{m}")[k]), new[f"zeta_{m}"][k], rel_tol=1e-5, abs_tol=1e-6)
+        assert math.isclose(float(loss.get_buffer(f"xi_{m}")), new[f"xi_{m}"], rel_tol=1e-6, abs_tol=1e-7)
+    assert int(loss.step) == 1
+
+
+def test_zeta_step_is_n_times_eq14_on_a_full_batch():
+    # B = n: the implemented g_j equals n * G(zeta_j) of Eq. 14 exactly.
+    n = B = 7
+    tau, lr = 0.3, 0.1
+    img, txt = _emb(B, seed=2)
+    idx = torch.arange(n)
+    loss = NUCLRLoss(n, tau=tau, gamma=1.0, zeta_lr=lr, zeta_init=0.02)
+    z0 = loss.zeta_txt.clone().double()
+    loss(img, txt, index=idx)
+    x, y = _unit(img), _unit(txt)
+    s = x @ y.T
+    d = s - s.diagonal()[:, None]
+    phi = torch.stack([sum(torch.exp((d[i, j] - z0[j]) / tau) for j in range(B) if j != i) for i in range(B)])
+    eps = torch.exp(-z0 / tau)
+    # Eq. 14: G_j = 1/B sum_i tau/(eps_i + u_i) * d/dzeta_j (eps_i + phi_i) + 1/n
+    G = torch.zeros(n, dtype=torch.float64)
+    for j in range(n):
+        acc = 0.0
+        for i in range(B):
+            deriv = -eps[j] / tau if i == j else -torch.exp((d[i, j] - z0[j]) / tau) / tau
+            acc = acc + tau / (eps[i] + phi[i]) * deriv
+        G[j] = acc / B + 1.0 / n
+    torch.testing.assert_close(loss.zeta_txt.double(), (z0 - lr * n * G), rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_is_infonce_on_full_batch_with_frozen_zero_zeta():
+    n = B = 8
+    tau = 0.1
+    img, txt = _emb(B, seed=3)
+    idx = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    loss = NUCLRLoss(n, tau=tau, gamma=1.0, zeta_lr=0.5, zeta_init=0.0, xi_init=0.0, freeze_zeta_steps=10**9)
+    v, gi, gt = _value_grads(loss, img, txt, idx)
+    # Along tau * sum_i log sum_j exp((s_ij - s_ii)/tau), image- and text-anchored (loops):
+    bi, bt = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
+    s = _unit(bi) @ _unit(bt).T
+    f_i2t = tau * sum(torch.log(sum(torch.exp((s[i, j] - s[i, i]) / tau) for j in range(B))) for i in range(B))
+    f_t2i = tau * sum(torch.log(sum(torch.exp((s[j, i] - s[i, i]) / tau) for j in range(B))) for i in range(B))
+    fi, ft = torch.autograd.grad(f_i2t + f_t2i, (bi, bt))
+    ours = torch.cat([gi.flatten(), gt.flatten()])
+    ref = torch.cat([fi.flatten(), ft.flatten()])
+    cos = torch.dot(ours, ref) / (ours.norm() * ref.norm())
+    assert float(cos) > 1 - 1e-12
+    torch.testing.assert_close(ours, ref / (2 * n * tau), rtol=1e-9, atol=1e-12)  # nats, mean of two directions
+    # ... which is exactly the InfoNCE loss, value and gradient.
+    ref_v, ri, rt = _value_grads(build_loss("infonce", tau=tau), img, txt, idx)
+    torch.testing.assert_close(v, ref_v, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gi, ri, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(gt, rt, rtol=1e-9, atol=1e-12)
+    # SogCLR (NUCLR with zeta = xi = 0) is the same loss
+    sog = _value_grads(SogCLRLoss(n, tau=tau, gamma=1.0), img, txt, idx)
+    for a, b in zip(sog, (v, gi, gt)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_zeta_reaches_the_eq9_fixed_point():
+    n = B = 12
+    tau = 0.1
+    img, txt = _emb(B, d=6, seed=4)
+    idx = torch.arange(n)
+    loss = NUCLRLoss(n, tau=tau, gamma=1.0, zeta_lr=0.08, zeta_init=-0.05, freeze_zeta_steps=3)
+    with torch.no_grad():
+        for _ in range(600):
+            loss(img, txt, index=idx)
+    s = _unit(img) @ _unit(txt).T
+    for sim, zeta in ((s, loss.zeta_txt.double()), (s.T, loss.zeta_img.double())):
+        # Eq. 9 with q = exp(zeta/tau): q_j = sum_j' exp(E_j'j/tau) / sum_i' exp(E_j'i'/tau) / q_i'
+        q = torch.exp(zeta / tau)
+        rhs = torch.stack([
+            sum(torch.exp(sim[jp, j] / tau) / sum(torch.exp(sim[jp, ip] / tau) / q[ip] for ip in range(n)) for jp in range(n))
+            for j in range(n)
+        ])
+        torch.testing.assert_close(rhs / q, torch.ones(n, dtype=torch.float64), rtol=0, atol=2e-4)
+        # i.e. every candidate receives total softmax mass 1
+        mass = torch.softmax((sim - zeta[None, :]) / tau, dim=1).sum(0)
+        torch.testing.assert_close(mass, torch.ones(n, dtype=torch.float64), rtol=0, atol=2e-4)
+    assert float(loss.xi_txt) >= float(loss.zeta_txt.max()) and float(loss.xi_img) >= float(loss.zeta_img.max())
+
+
+def test_freeze_step_counter_and_running_max_xi():
+    n, B = 20, 6
+    img, txt = _emb(B, seed=5)
+    loss = NUCLRLoss(n, tau=0.1, gamma=0.8, zeta_lr=0.2, zeta_init=-0.05, freeze_zeta_steps=2, xi_init=0.0)
+    idx = torch.tensor([1, 4, 6, 9, 13, 17])
+    for _ in range(2):
+        loss(img, txt, index=idx)
+        assert torch.all(loss.zeta_txt == -0.05) and float(loss.xi_txt) == 0.0
+    history = [0.0]
+    for _ in range(4):
+        loss(img, txt, index=idx)
+        # xi_{t+1} = max(xi_t, max_j zeta_{t+1}^{(j)}): a running max, never below any zeta
+        assert float(loss.xi_txt) == max(history[-1], float(loss.zeta_txt.max()))
+        history.append(float(loss.xi_txt))
+    assert not torch.all(loss.zeta_txt[idx] == -0.05)
+    assert torch.all(loss.zeta_txt[[0, 2, 3]] == -0.05)  # not in the batch: untouched
+    assert history == sorted(history) and history[-1] > 0.0 and int(loss.step) == 6
+
+
+@pytest.mark.parametrize("cls", ["nuclr", "sogclr"])
+def test_tables_do_not_change_in_eval(cls):
+    n = 10
+    img, txt = _emb(6, seed=6)
+    idx = torch.tensor([0, 1, 1, 5, 8, 9])
+    loss = build_loss(cls, num_samples=n, tau=0.1)
+    loss(img, txt, index=idx)  # populate
+    before = {k: v.clone() for k, v in loss.state_dict().items()}
+    loss.eval()
+    v = loss(img, txt, index=idx)
+    assert torch.isfinite(v)
+    for k, t in loss.state_dict().items():
+        assert torch.equal(t, before[k]), k
+
+
+def test_state_dict_round_trip_and_resume(tmp_path):
+    n = 16
+    make = lambda: NUCLRLoss(n, tau=0.05, gamma=0.8, zeta_lr=0.05, freeze_zeta_steps=1)  # noqa: E731
+    a = make()
+    gen = torch.Generator().manual_seed(7)
+    batches = [(_emb(6, seed=10 + k), torch.randperm(n, generator=gen)[:6]) for k in range(4)]
+    for (img, txt), idx in batches[:3]:
+        a(img, txt, index=idx)
+    sd = a.state_dict()
+    assert {"u_img", "u_txt", "zeta_img", "zeta_txt", "xi_img", "xi_txt", "step"} <= set(sd)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "loss_state.safetensors"))
+    b = make()
+    b.load_state_dict(load_file(str(tmp_path / "loss_state.safetensors")))
+    for k in sd:
+        assert torch.equal(sd[k], b.state_dict()[k]), k
+    (img, txt), idx = batches[3]
+    ra, rb = _value_grads(a, img, txt, idx), _value_grads(b, img, txt, idx)
+    for x, y in zip(ra, rb):
+        assert torch.equal(x, y)
+    for k in sd:
+        assert torch.equal(a.state_dict()[k], b.state_dict()[k]), k
+    assert set(SogCLRLoss(n).state_dict()) == {"u_img", "u_txt", "step"}
+
+
+def test_duplicate_indices_are_deterministic():
+    n = 8
+    img, txt = _emb(6, seed=8)
+    idx = torch.tensor([2, 5, 2, 2, 7, 5])
+    outs = []
+    for _ in range(2):
+        loss = NUCLRLoss(n, tau=0.1, gamma=0.5, zeta_lr=0.1)
+        for _ in range(3):
+            r = _value_grads(loss, img, txt, idx)
+        outs.append((r, {k: v.clone() for k, v in loss.state_dict().items()}))
+    for x, y in zip(outs[0][0], outs[1][0]):
+        assert torch.equal(x, y)
+    for k in outs[0][1]:
+        assert torch.equal(outs[0][1][k], outs[1][1][k])
