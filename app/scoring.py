@@ -1,0 +1,269 @@
+"""Batch scoring of a radiograph archive: CheX5 zero-shot probabilities (and embeddings) per image.
+
+Crash safety (append-only parts + a done-set):
+
+* results go to ``OUT.parts/`` as parquet parts, each written to a temporary name and renamed, so a
+  part is either complete or absent; a part holds one row per file it covers (``ok`` rows with scores,
+  error rows with the one-line reason);
+* on start, the done-set is the union of the paths in all parts; only files outside it are scored, so
+  after a crash (even SIGKILL) the files of the part in flight are scored again and nothing twice;
+* at the end ``OUT`` (scores, sorted by path) and ``OUT`` with ``.errors.parquet`` (unreadable files)
+  are rebuilt from all parts, atomically. Rerunning on a grown archive scores only the new files.
+* ``OUT.parts/run.json`` records the checkpoint (weights SHA-256), preprocessing and options: resuming
+  with a different model or options is refused.
+
+Sharding: under ``torchrun`` (RANK / WORLD_SIZE set), rank r takes files r, r + W, r + 2W, ... of the
+sorted list and writes its own parts; rank 0 merges after a barrier (gloo).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from medclr.errors import MedclrError
+from medclr.io import IMAGE_SUFFIXES
+from medclr.io.dicom import is_dicom
+
+log = logging.getLogger("medclr.score")
+RUN_NAME = "run.json"
+
+
+def find_images(root: Path, skip: Path | None = None) -> list[str]:
+    """Sorted posix paths (relative to ``root``) of DICOM/PNG/JPEG files; extensionless files count
+    when they carry the DICOM magic. Hidden files and folders are skipped."""
+    out = []
+    skip = skip.resolve() if skip is not None else None
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and (skip is None or (here / d).resolve() != skip))
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            suffix = Path(name).suffix.lower()
+            if suffix in IMAGE_SUFFIXES or (suffix == "" and is_dicom(here / name)):
+                out.append((here / name).relative_to(root).as_posix())
+    return sorted(out)
+
+
+def parts_dir(out: Path) -> Path:
+    return out.with_name(out.name + ".parts")
+
+
+def errors_path(out: Path) -> Path:
+    stem = out.name[: -len(".parquet")] if out.name.endswith(".parquet") else out.name
+    return out.with_name(stem + ".errors.parquet")
+
+
+def done_set(parts: Path) -> set[str]:
+    done: set[str] = set()
+    for p in sorted(parts.glob("part-*.parquet")):
+        done.update(pq.read_table(p, columns=["path"]).column("path").to_pylist())
+    return done
+
+
+def _write_atomic(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    pq.write_table(table, tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class ScoreOptions:
+    batch_size: int = 16
+    workers: int = 1
+    embeddings: bool = False
+    part_files: int = 256  # files per part: the most work a crash can cost
+    max_pixels: int = 50_000_000
+    progress: bool = True
+
+
+def _check_run(parts: Path, run: dict[str, Any]) -> None:
+    path = parts / RUN_NAME
+    if path.is_file():
+        before = json.loads(path.read_text())
+        for key in ("weights_sha256", "preprocess", "embeddings", "classes", "tau"):
+            if before.get(key) != run.get(key):
+                raise MedclrError(
+                    f"{parts} holds a run with a different {key} ({before.get(key)!r} vs {run.get(key)!r}); "
+                    "use another --out, or delete that folder to start over")
+    else:
+        tmp = path.with_name(RUN_NAME + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(run, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+
+
+def _dist() -> tuple[int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike, opts: ScoreOptions = ScoreOptions()) -> dict[str, Any]:
+    """Score every image under ``root`` into ``out`` (resumable). Returns counts for this process."""
+    root, out = Path(root), Path(out)
+    if not root.is_dir():
+        raise MedclrError(f"--input {str(root)!r}: no such directory")
+    if out.exists() and out.is_dir():
+        raise MedclrError(f"--out {str(out)!r} is a directory; expected a .parquet file path")
+    rank, world = _dist()
+    parts = parts_dir(out)
+    parts.mkdir(parents=True, exist_ok=True)
+    classes = list(engine.prompt_embeddings())
+    run = {"weights_sha256": engine.weights_sha256, "checkpoint": str(engine.checkpoint_dir),
+           "preprocess": {"image_size": engine.preprocess.image_size, "resize": engine.preprocess.resize_to},
+           "embeddings": bool(opts.embeddings), "classes": classes, "tau": engine.tau, "root": str(root.resolve())}
+    if rank == 0:
+        _check_run(parts, run)
+    group = _init_group(world)
+    if rank != 0:
+        _barrier(group)  # rank 0 has checked/written run.json
+        _check_run(parts, run)
+    else:
+        _barrier(group)
+
+    files = find_images(root, skip=parts)[rank::world]
+    done = done_set(parts)
+    todo = [f for f in files if f not in done]
+    seq = 1 + max((int(p.stem.split("-")[2]) for p in parts.glob(f"part-r{rank:03d}-*.parquet")), default=0)
+    log.info("score: rank %d/%d: %d files, %d already done, %d to score", rank, world, len(files),
+             len(files) - len(todo), len(todo))
+    stats = {"files": len(files), "skipped_done": len(files) - len(todo), "scored": 0, "errors": 0, "parts": 0,
+             "seconds": 0.0}
+    start = time.perf_counter()
+    if todo:
+        stats.update(_score_files(engine, root, todo, parts, rank, seq, classes, opts))
+    stats["seconds"] = time.perf_counter() - start
+    _barrier(group)
+    if rank == 0:
+        stats["merged"] = merge(out, classes, opts.embeddings)
+    _barrier(group)
+    return stats
+
+
+def _score_files(engine, root: Path, todo: list[str], parts: Path, rank: int, seq: int, classes: list[str],
+                 opts: ScoreOptions) -> dict[str, int]:
+    from medclr.inference import image_loader
+
+    loader = image_loader([root / f for f in todo], engine.preprocess, opts.batch_size, opts.workers,
+                          max_pixels=opts.max_pixels)
+    bar = None
+    if opts.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), unit="img", desc=f"scoring (rank {rank})" if _dist()[1] > 1 else "scoring")
+    pending: list[dict[str, Any]] = []
+    counts = {"scored": 0, "errors": 0, "parts": 0}
+    prompts = engine.prompt_embeddings()  # encode the prompts once, before the loop
+    del prompts
+
+    def flush() -> None:
+        nonlocal seq, pending
+        if pending:
+            _write_atomic(_table(pending, classes, opts.embeddings), parts / f"part-r{rank:03d}-{seq:06d}.parquet")
+            seq, pending = seq + 1, []
+            counts["parts"] += 1
+
+    for batch in loader:
+        ok = batch["ok"]
+        probs = emb = None
+        if ok.any():
+            feats = engine.image_features(batch["tensor"][ok])
+            _, probs, _, _ = engine.zero_shot_scores(feats)
+            emb = feats.global_emb.float().cpu().numpy() if opts.embeddings else None
+        k = 0
+        for j, i in enumerate(batch["i"].tolist()):
+            error = batch["error"][j].replace(str(root / todo[i]), todo[i])  # paths relative to --input
+            row: dict[str, Any] = {"path": todo[i], "ok": bool(ok[j]), "error": error,
+                                   "height": int(batch["height"][j]), "width": int(batch["width"][j])}
+            if ok[j]:
+                row["probs"] = probs[k]
+                row["embedding"] = emb[k] if emb is not None else None
+                k += 1
+                counts["scored"] += 1
+            else:
+                counts["errors"] += 1
+            pending.append(row)
+        if bar is not None:
+            bar.update(len(batch["i"]))
+        if len(pending) >= opts.part_files:
+            flush()
+    flush()
+    if bar is not None:
+        bar.close()
+    return counts
+
+
+def _table(rows: list[dict[str, Any]], classes: list[str], embeddings: bool) -> pa.Table:
+    n = len(rows)
+    cols: dict[str, Any] = {
+        "path": pa.array([r["path"] for r in rows], pa.string()),
+        "ok": pa.array([r["ok"] for r in rows], pa.bool_()),
+        "error": pa.array([r["error"] for r in rows], pa.string()),
+        "height": pa.array([r["height"] for r in rows], pa.int32()),
+        "width": pa.array([r["width"] for r in rows], pa.int32()),
+    }
+    for c, name in enumerate(classes):
+        cols[name] = pa.array([float(r["probs"][c]) if r["ok"] else None for r in rows], pa.float32())
+    if embeddings:
+        cols["embedding"] = pa.array([r["embedding"].astype(np.float32).tolist() if r["ok"] else None for r in rows],
+                                     pa.list_(pa.float32()))
+    assert all(len(v) == n for v in cols.values())
+    return pa.table(cols)
+
+
+def merge(out: Path, classes: list[str], embeddings: bool) -> dict[str, int]:
+    """Rebuild OUT (ok rows) and the errors table from all parts, atomically."""
+    parts = sorted(parts_dir(out).glob("part-*.parquet"))
+    if parts:
+        table = pa.concat_tables([pq.read_table(p) for p in parts], promote_options="default")
+    else:
+        table = _table([], classes, embeddings)
+    paths = table.column("path").to_pylist()
+    if len(set(paths)) != len(paths):  # cannot happen by construction; refuse to hide it if it does
+        raise MedclrError(f"{parts_dir(out)}: a file appears in two parts; the parts folder was edited by hand?")
+    order = np.argsort(np.asarray(paths, dtype=object), kind="stable") if paths else np.zeros(0, np.int64)
+    table = table.take(pa.array(order, pa.int64()))
+    ok = table.column("ok")
+    good = table.filter(ok).drop_columns(["ok", "error"])
+    bad = table.filter(pc.invert(ok)).select(["path", "error"])
+    meta = {b"medclr": json.dumps(json.loads((parts_dir(out) / RUN_NAME).read_text())).encode()}
+    _write_atomic(good.replace_schema_metadata(meta), out)
+    _write_atomic(bad.replace_schema_metadata(meta), errors_path(out))
+    return {"rows": good.num_rows, "errors": bad.num_rows}
+
+
+# --------------------------------------------------------------------------------- torchrun
+def _init_group(world: int):
+    if world <= 1:
+        return None
+    import datetime
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(hours=12))
+    return dist.group.WORLD
+
+
+def _barrier(group) -> None:
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.barrier(group=group)
+
+
+def shutdown() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

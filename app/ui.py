@@ -1,0 +1,197 @@
+"""The Gradio Blocks page of the clinician app and its named API endpoints.
+
+Endpoints (``gradio_client``: ``client.predict(..., api_name="/zero_shot")``):
+
+* ``preview``  (file) -> (image as read, safe facts)
+* ``zero_shot`` (file) -> ({class: probability}, table of class / probability / prompts used)
+* ``ground`` (file, phrase, scale="absolute") -> (heatmap overlay image, legend)
+* ``retrieve_by_image`` (file, k=8) -> gallery of similar studies, captions = score · #index · report
+* ``retrieve_by_text`` (text, k=8) -> gallery of images
+* ``inspect_sentence`` (sentence) -> {eta_LM, zeta per report, nearest sentences}
+
+Every handler turns a ``MedclrError`` into a ``gr.Error`` with its one clear message; anything else
+becomes a short "internal error" message (the server log keeps the traceback, without file names).
+All model events share one queue slot (``concurrency_id="model"``): on a CPU one forward at a time
+is fastest, and the queue orders the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import traceback
+
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported: no telemetry, no version check
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import gradio as gr  # noqa: E402
+
+from app.service import AppService  # noqa: E402
+from medclr.errors import MedclrError  # noqa: E402
+
+log = logging.getLogger("medclr.app")
+
+TITLE = "medclr: chest X-ray findings, grounding and retrieval"
+INTRO = """# medclr chest X-ray assistant
+Upload a radiograph (DICOM, PNG or JPEG) and press **Analyse**. Research software: zero-shot findings
+from a vision-language model, **not a diagnosis**. Patient identifiers in DICOM headers are never read
+out or shown."""
+CSS = """
+#findings .output-class { font-size: 1.1rem; }
+footer { display: none !important; }
+"""
+
+
+def _safe(name: str):
+    """Wrap a service call: clear messages for bad input, no tracebacks to the browser."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except MedclrError as exc:
+                log.info("%s refused: %s", name, exc)
+                raise gr.Error(str(exc), title="Cannot do that", print_exception=False) from None
+            except MemoryError:
+                log.error("%s: out of memory", name)
+                raise gr.Error("the server ran out of memory on this image; try a smaller file") from None
+            except Exception as exc:  # noqa: BLE001
+                frames = "".join(traceback.format_tb(exc.__traceback__))
+                log.error("%s failed with %s\n%s", name, type(exc).__name__, frames)
+                raise gr.Error(f"internal error in {name} ({type(exc).__name__}); the server log has details") from None
+
+        return wrapper
+
+    return deco
+
+
+def build_blocks(service: AppService) -> gr.Blocks:
+    has_index = service.index is not None
+
+    @_safe("preview")
+    def preview(file):
+        return service.preview(file)
+
+    @_safe("zero_shot")
+    def zero_shot(file):
+        return service.zero_shot(file)
+
+    @_safe("ground")
+    def ground(file, phrase, scale="absolute"):
+        return service.ground(file, phrase, scale)
+
+    @_safe("retrieve_by_image")
+    def retrieve_by_image(file, k=8):
+        return service.retrieve_by_image(file, k)
+
+    @_safe("retrieve_by_text")
+    def retrieve_by_text(text, k=8):
+        return service.retrieve_by_text(text, k)
+
+    @_safe("inspect_sentence")
+    def inspect_sentence(sentence):
+        return service.inspect(sentence)
+
+    @_safe("report")
+    def pick_study(gallery, evt: gr.SelectData):
+        return gr.update(**_study_sentences(service, gallery, evt.index, evt.value))
+
+    with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
+        gr.Markdown(INTRO)
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=4):
+                upload = gr.File(label="Radiograph (DICOM .dcm, PNG or JPEG)", type="filepath", elem_id="upload",
+                                 height=110)
+                shown = gr.Image(label="As the model reads it", type="numpy", interactive=False, elem_id="preview",
+                                 height=340, buttons=[])
+                facts = gr.Markdown(elem_id="facts")
+                analyse = gr.Button("Analyse", variant="primary", elem_id="analyse")
+            with gr.Column(scale=3):
+                label = gr.Label(num_top_classes=5, label="CheX5 zero-shot probability", elem_id="findings",
+                                 show_heading=False)
+                phrase = gr.Textbox(label="Phrase to ground", value="pleural effusion", elem_id="phrase")
+                with gr.Row():
+                    scale = gr.Radio(["absolute", "relative"], value="absolute", label="Colour scale", scale=2)
+                    ground_btn = gr.Button("Show heatmap", elem_id="ground_btn", scale=1)
+            with gr.Column(scale=4):
+                heat = gr.Image(label="Heatmap for the phrase", type="numpy", interactive=False, elem_id="heatmap",
+                                height=420, format="png", buttons=["fullscreen"])
+                legend = gr.Markdown(elem_id="legend")
+        with gr.Accordion("Prompt pairs used for the findings", open=False):
+            table = gr.Dataframe(headers=["class", "probability", "positive prompt", "negative prompt"],
+                                 interactive=False, elem_id="prompts", show_label=False)
+        with gr.Tab("Similar studies", interactive=has_index):
+            with gr.Row():
+                k = gr.Slider(1, 24, value=8, step=1, label="Number of results", scale=3)
+                similar_btn = gr.Button("Find studies like the uploaded image", elem_id="similar_btn", scale=2)
+            similar = gr.Gallery(label="Similar studies (click one to inspect its sentences)", columns=6,
+                                 height=360, elem_id="similar", format="png")
+        with gr.Tab("Images for a text", interactive=has_index):
+            with gr.Row():
+                query = gr.Textbox(label="Describe a finding", placeholder="e.g. right pneumothorax", scale=4)
+                text_btn = gr.Button("Search", scale=1)
+            by_text = gr.Gallery(label="Images for the text", columns=6, height=360, elem_id="by_text",
+                                 format="png")
+        with gr.Tab("Sentence inspector"):
+            gr.Markdown("For a report sentence: its LM class probability **eta_LM** and the learned NUCLR "
+                        "popularity **zeta** of the reports that contain it (when the checkpoint has them).")
+            with gr.Row():
+                pick = gr.Dropdown(label="Sentences of the study picked in the gallery", choices=[],
+                                   allow_custom_value=True, scale=2)
+                sentence = gr.Textbox(label="Sentence", elem_id="sentence", scale=3)
+                inspect_btn = gr.Button("Inspect", scale=1)
+            inspected = gr.JSON(label="Sentence statistics")
+
+        model_events = {"concurrency_id": "model", "concurrency_limit": 1}
+        upload.upload(preview, upload, [shown, facts], api_name="preview", **model_events)
+        upload.clear(lambda: (None, "", None, None, None, ""), None, [shown, facts, label, table, heat, legend],
+                     api_name="_clear", api_visibility="private", queue=False)
+        analyse.click(zero_shot, upload, [label, table], api_name="zero_shot", **model_events).then(
+            ground, [upload, phrase, scale], [heat, legend], api_name="_analyse_ground", api_visibility="private",
+            **model_events)
+        ground_btn.click(ground, [upload, phrase, scale], [heat, legend], api_name="ground", **model_events)
+        phrase.submit(ground, [upload, phrase, scale], [heat, legend], api_name="_phrase_submit",
+                      api_visibility="private", **model_events)
+        similar_btn.click(retrieve_by_image, [upload, k], similar, api_name="retrieve_by_image", **model_events)
+        text_btn.click(retrieve_by_text, [query, k], by_text, api_name="retrieve_by_text", **model_events)
+        query.submit(retrieve_by_text, [query, k], by_text, api_name="_query_submit", api_visibility="private",
+                     **model_events)
+        similar.select(pick_study, similar, pick, api_name="_pick_study", api_visibility="private")
+        pick.change(lambda s: s or "", pick, sentence, api_name="_pick_sentence", api_visibility="private",
+                    queue=False)
+        inspect_btn.click(inspect_sentence, sentence, inspected, api_name="inspect_sentence", **model_events)
+        sentence.submit(inspect_sentence, sentence, inspected, api_name="_sentence_submit", api_visibility="private",
+                        **model_events)
+    return demo
+
+
+def _study_sentences(service: AppService, gallery, index, value) -> dict:
+    """Dropdown update with the report sentences of the picked gallery item; captions read
+    "score · #manifest_index · report"."""
+    caption = ""
+    if isinstance(value, dict):
+        caption = str(value.get("caption") or "")
+    if not caption and gallery and isinstance(index, int) and 0 <= index < len(gallery):
+        item = gallery[index]
+        caption = str(item[1] if isinstance(item, (list, tuple)) and len(item) > 1 else "")
+    try:
+        midx = int(caption.split("·")[1].strip().lstrip("#"))
+    except (IndexError, ValueError):
+        return {}
+    sentences = service.report_sentences(midx)
+    return {"choices": sentences, "value": sentences[0] if sentences else None}
+
+
+def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = 7860, auth=None,
+           max_file_size: str | int = "64mb", queue_size: int = 32, block: bool = True):
+    """Queue for a CPU server, then serve (share=False always). Returns (app, local_url)."""
+    demo.queue(max_size=queue_size, default_concurrency_limit=1)
+    app, url, _ = demo.launch(server_name=host, server_port=port, share=False, auth=auth,
+                              max_file_size=max_file_size, prevent_thread_lock=not block, quiet=True,
+                              show_error=False, css=CSS, footer_links=[], ssr_mode=False, mcp_server=False,
+                              inbrowser=False)
+    return app, url

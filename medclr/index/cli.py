@@ -1,0 +1,119 @@
+"""`medclr index build|add|info|search`: the faiss retrieval index of a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from medclr.errors import MedclrError
+from medclr.index.vectors import EXACT_MAX, KINDS
+
+# Before torch/faiss load OpenMP: idle OpenMP threads sleep instead of spinning. On a busy CPU the
+# default spin-wait made a ResNet-18 forward 15x slower with 2 threads (2.5 s vs 0.16 s, docs/app.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+EPILOG = """examples:
+  medclr index build --checkpoint run/checkpoint --manifest manifest.parquet --out run/index
+  medclr index build --checkpoint C --manifest M --out DIR --kind hnsw --workers 4   # force approximate search
+  medclr index add   --checkpoint C --manifest new_studies.parquet --index DIR        # incremental
+  medclr index info  DIR
+  medclr index search --checkpoint C --index DIR --text "small left pleural effusion" -k 5
+  medclr index search --checkpoint C --index DIR --image study.dcm
+
+--kind auto (default) uses exact search (IndexIDMap2(IndexFlatIP)) up to --exact-max vectors and
+HNSW above; cosine similarity throughout. The index records the checkpoint it was built from and
+refuses to serve another model."""
+
+
+def _default_workers() -> int:
+    return max(0, min(4, (os.cpu_count() or 1) - 1))
+
+
+def _common(p: argparse.ArgumentParser, need_manifest: bool) -> None:
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a `medclr train` checkpoint directory")
+    if need_manifest:
+        p.add_argument("--manifest", required=True, metavar="PARQUET", help="manifest whose images/reports to index")
+        p.add_argument("--splits", default=None, help="comma-separated splits to index (default: all)")
+        p.add_argument("--batch-size", type=int, default=32)
+        p.add_argument("--workers", type=int, default=_default_workers(),
+                       help="DataLoader workers decoding images (default: min(4, cores-1))")
+    p.add_argument("--device", default="cpu", help="torch device for the model (cpu, cuda, cuda:1)")
+    p.add_argument("--gpu", choices=("auto", "yes", "no"), default="auto",
+                   help="faiss search on GPU when faiss's GPU build is present (default: auto)")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    sub = parser.add_subparsers(dest="index_command", metavar="ACTION", required=True)
+    b = sub.add_parser("build", help="embed a manifest and write a new index", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(b, True)
+    b.add_argument("--out", required=True, metavar="DIR", help="index directory to write (replaced atomically)")
+    b.add_argument("--kind", choices=KINDS, default="auto", help="faiss index type (default: auto, by size)")
+    b.add_argument("--exact-max", type=int, default=EXACT_MAX, help=f"auto: exact search up to this many vectors "
+                   f"(default {EXACT_MAX:,})")
+    a = sub.add_parser("add", help="add the rows of a manifest that the index does not hold yet", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(a, True)
+    a.add_argument("--index", required=True, metavar="DIR", help="existing index directory")
+    i = sub.add_parser("info", help="show what an index holds and which model built it")
+    i.add_argument("index", metavar="DIR")
+    s = sub.add_parser("search", help="query an index from the command line", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(s, False)
+    s.add_argument("--index", required=True, metavar="DIR")
+    q = s.add_mutually_exclusive_group(required=True)
+    q.add_argument("--text", help="find images for this text")
+    q.add_argument("--image", help="find similar images to this DICOM/PNG/JPG")
+    s.add_argument("-k", type=int, default=5)
+    parser.set_defaults(run=run)
+
+
+def _gpu(flag: str):
+    return {"auto": "auto", "yes": True, "no": False}[flag]
+
+
+def run(args: argparse.Namespace) -> int:
+    from medclr.index.store import add_to_index, build_index, load_index, read_meta
+
+    if args.index_command == "info":
+        print(json.dumps(read_meta(args.index), indent=2, sort_keys=True))
+        return 0
+    if args.index_command in ("build", "add"):
+        if args.batch_size < 1:
+            raise MedclrError("--batch-size: expected >= 1")
+        if not Path(args.manifest).is_file():
+            raise MedclrError(f"--manifest {args.manifest!r}: no such file (make one with `medclr prepare`)")
+    from medclr.inference import load_checkpoint
+
+    engine = load_checkpoint(args.checkpoint, device=args.device)
+    if args.index_command == "search":
+        index = load_index(args.index, engine, use_gpu=_gpu(args.gpu))
+        if args.text is not None:
+            if not args.text.strip():
+                raise MedclrError("--text: expected a non-empty phrase")
+            hits = index.search_images(engine.embed_texts([args.text]), args.k)[0]
+        else:
+            hits = index.search_images(engine.embed_images([args.image]), args.k)[0]
+        for h in hits:
+            print(json.dumps({"score": round(h["score"], 4), "manifest_index": int(h["manifest_index"]),
+                              "image_path": h["image_path"], "report": h["report"]}))
+        return 0
+    manifest = Path(args.manifest)
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()] if args.splits else None
+    start = time.perf_counter()
+    if args.index_command == "build":
+        index = build_index(engine, manifest, args.out, kind=args.kind, exact_max=args.exact_max, splits=splits,
+                            batch_size=args.batch_size, workers=args.workers, use_gpu=_gpu(args.gpu), progress=True)
+    else:
+        index = add_to_index(engine, args.index, manifest, splits=splits, batch_size=args.batch_size,
+                             workers=args.workers, use_gpu=_gpu(args.gpu), progress=True)
+    c = index.meta["counts"]
+    print(f"index {index.directory}: {c['images']} images ({index.meta['kind']['images']}), {c['sentences']} "
+          f"sentences ({index.meta['kind']['sentences']}), {c['errors']} unreadable; "
+          f"{time.perf_counter() - start:.1f} s")
+    return 0

@@ -1,0 +1,193 @@
+"""Shared fixtures for the index, app and scoring tests (import them; pytest does not auto-load this file).
+
+A small but real checkpoint, built here without training: a tiny BERT masked LM with a WordPiece
+tokenizer trained on a few report sentences, a ResNet-18 trunk (random init), joint dim 32, the
+LSE+NL head, saved with ``DualEncoder.save_pretrained``; plus the side files a trained checkpoint
+has (preprocess.json, train_config.yaml naming an eta table, loss_state.safetensors with NUCLR zeta).
+And a small manifest of image-report pairs whose images are PNGs drawn here and the real RG1 DICOM.
+Builders are memoised per base temp dir, so importing the fixtures into several modules builds once.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SENTENCES = [
+    "There is a small left pleural effusion.",
+    "No pneumothorax.",
+    "Heart size is normal.",
+    "Mild cardiomegaly is seen.",
+    "The lungs are clear without focal consolidation.",
+    "Right lower lobe opacity may represent pneumonia.",
+    "No acute cardiopulmonary process.",
+    "Pulmonary edema is present.",
+    "Findings suggesting pneumonia.",
+    "No signs of pneumonia.",
+    "No pleural effusions.",
+    "Stable appearance of the mediastinum.",
+]
+N_STUDIES = 12
+
+
+def rg1_path(name: str = "RG1_UNCI.dcm") -> str:
+    from pydicom.data import get_testdata_file
+
+    path = get_testdata_file(name)
+    if path is None:
+        pytest.skip(f"pydicom-data is not installed ({name} missing)")
+    return str(path)
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast
+
+    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=200, min_frequency=1,
+                                        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tk.train_from_iterator(SENTENCES * 4, trainer)
+    cls_id, sep_id = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")
+    tk.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+    return BertTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                             sep_token="[SEP]", mask_token="[MASK]")
+
+
+@functools.lru_cache(maxsize=None)
+def build_text_model(root: str) -> Path:
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    d = Path(root) / "text_lm"
+    if (d / "config.json").is_file():
+        return d
+    tok = _tokenizer()
+    tok.save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    BertForMaskedLM(cfg).save_pretrained(d)
+    return d
+
+
+def make_checkpoint(out: Path, text_dir: Path, seed: int = 0, image_size: int = 224, n_samples: int = N_STUDIES,
+                    eta_table: Path | None = None) -> Path:
+    """A DualEncoder checkpoint dir (+ preprocess.json, train_config.yaml, loss_state.safetensors)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from medclr.inference import write_preprocess
+    from medclr.models.dual import build_dual_encoder
+
+    torch.manual_seed(seed)
+    model = build_dual_encoder(text_dir, arch="resnet18", joint_dim=32, head="lse_nl", image_pretrained="none")
+    model.save_pretrained(out)
+    write_preprocess(out, image_size)
+    g = torch.Generator().manual_seed(seed)
+    save_file({"loss.zeta_txt": torch.randn(n_samples, generator=g) * 0.1,
+               "loss.zeta_img": torch.randn(n_samples, generator=g) * 0.1,
+               "loss.u_txt": torch.zeros(n_samples)}, str(out / "loss_state.safetensors"))
+    if eta_table is not None:
+        (out / "train_config.yaml").write_text(f"loss:\n  name: nuclr\n  tau: 0.05\ndata:\n  eta: {eta_table}\n")
+    return out
+
+
+def _draw_cxr(rng: np.random.Generator, size: int = 96) -> np.ndarray:
+    """A crude chest-like PNG: dark lungs, bright mediastinum, a random blob (enough for plumbing)."""
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    img = 0.75 - 0.45 * (np.exp(-((xx - 0.3) ** 2 / 0.02 + (yy - 0.5) ** 2 / 0.08))
+                         + np.exp(-((xx - 0.7) ** 2 / 0.02 + (yy - 0.5) ** 2 / 0.08)))
+    cx, cy = rng.uniform(0.2, 0.8, 2)
+    img += 0.3 * np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / 0.005)
+    img += rng.normal(0, 0.03, img.shape)
+    return (np.clip(img, 0, 1) * 255).astype(np.uint8)
+
+
+@functools.lru_cache(maxsize=None)
+def build_assets(root: str) -> dict[str, Path]:
+    """{'text': LM dir, 'checkpoint': ckpt dir, 'other_checkpoint': a second model, 'manifest': parquet,
+    'images': image root, 'eta': eta table}."""
+    import pandas as pd
+    from PIL import Image
+
+    from medclr.data.manifest import write_manifest
+    from medclr.data.text import sentence_hash
+
+    base = Path(root) / "app_assets"
+    base.mkdir(parents=True, exist_ok=True)
+    text = build_text_model(root)
+    images = base / "images"
+    images.mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(N_STUDIES):
+        rel = f"p{i:02d}/s{i:02d}.png"
+        (images / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(_draw_cxr(rng)).save(images / rel)
+        sents = [SENTENCES[i % len(SENTENCES)], SENTENCES[(i * 5 + 3) % len(SENTENCES)]]
+        rows.append({"subject_id": f"1{i:03d}", "study_id": f"5{i:04d}", "dicom_id": f"d{i}", "image_path": rel,
+                     "view": "PA", "split": "test" if i % 3 == 0 else "train", "report": " ".join(sents),
+                     "text": " ".join(sents), "sentences": sents})
+    # the real chest CR (MONOCHROME1 DICOM) as the last study, via a relative link in the image root
+    dcm = images / "rg1" / "RG1_UNCI.dcm"
+    dcm.parent.mkdir(exist_ok=True)
+    if not dcm.exists():
+        os.symlink(rg1_path(), dcm)
+    rows[-1]["image_path"] = "rg1/RG1_UNCI.dcm"
+    manifest = write_manifest(pd.DataFrame(rows), base / "manifest.parquet", images)
+    eta = base / "eta.parquet"
+    uniq = sorted({s for r in rows for s in r["sentences"]})
+    pd.DataFrame({"sentence": uniq, "hash": [sentence_hash(s) for s in uniq],
+                  "pll": [-3.0 - i for i in range(len(uniq))],
+                  "eta": [0.05 + 0.01 * i for i in range(len(uniq))]}).to_parquet(eta)
+    ckpt = base / "checkpoint"
+    if not (ckpt / "model.safetensors").is_file():
+        make_checkpoint(ckpt, text, seed=0, eta_table=eta)
+    other = base / "checkpoint_other"
+    if not (other / "model.safetensors").is_file():
+        make_checkpoint(other, text, seed=1)
+    (base / "assets.json").write_text(json.dumps({"ok": True}))
+    return {"text": text, "checkpoint": ckpt, "other_checkpoint": other, "manifest": manifest, "images": images,
+            "eta": eta}
+
+
+@pytest.fixture(scope="session")
+def app_assets(tmp_path_factory) -> dict[str, Path]:
+    return build_assets(str(tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture(scope="session")
+def engine(app_assets):
+    import torch
+
+    from medclr.inference import load_checkpoint
+
+    torch.set_num_threads(1)
+    return load_checkpoint(app_assets["checkpoint"])
+
+
+@functools.lru_cache(maxsize=None)
+def _built_index(root: str, checkpoint: str, manifest: str) -> Path:
+    from medclr.index import build_index
+    from medclr.inference import load_checkpoint
+
+    out = Path(root) / "app_assets" / "index"
+    if not (out / "index_manifest.json").is_file():
+        build_index(load_checkpoint(checkpoint), manifest, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def index_dir(app_assets, tmp_path_factory) -> Path:
+    return _built_index(str(tmp_path_factory.getbasetemp()), str(app_assets["checkpoint"]),
+                        str(app_assets["manifest"]))

@@ -1,0 +1,243 @@
+"""The real app on a free local port, driven through gradio_client (the named API endpoints), with a
+small real checkpoint and index, the real RG1 DICOM from pydicom-data, and bad uploads."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest_app import app_assets, engine, index_dir, rg1_path  # noqa: F401 - fixtures
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (ECOSYSTEM §2)
+CHEX5 = ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax")
+PATIENT_NAME, PATIENT_ID = "Doe^Janet Secret", "MRN-778899"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(engine, index_dir):  # noqa: F811
+    from app.service import AppService
+    from app.ui import build_blocks, launch
+    from medclr.index import load_index
+
+    service = AppService(engine, load_index(index_dir, engine), max_upload_bytes=20 << 20)
+    demo = build_blocks(service)
+    _, url = launch(demo, port=_free_port(), block=False, max_file_size="20mb")
+    yield url, service
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from gradio_client import Client
+
+    return Client(server[0], verbose=False, analytics_enabled=False, download_files=False)
+
+
+def _path(file_data) -> str:
+    return file_data["path"] if isinstance(file_data, dict) else str(file_data)
+
+
+@pytest.fixture(scope="module")
+def identified_dicom(tmp_path_factory):
+    """RG1 with a patient name and id written into its header (as a real archive file would have)."""
+    import pydicom
+
+    ds = pydicom.dcmread(rg1_path())
+    ds.PatientName, ds.PatientID, ds.PatientBirthDate = PATIENT_NAME, PATIENT_ID, "19500101"
+    out = tmp_path_factory.mktemp("phi") / "study.dcm"
+    ds.save_as(out)
+    return out
+
+
+def test_binds_localhost_and_telemetry_is_off(server):
+    assert server[0].startswith("http://127.0.0.1:")
+    assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
+
+
+def test_named_endpoints(client):
+    names = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
+    assert {"/zero_shot", "/ground", "/retrieve_by_image", "/retrieve_by_text", "/inspect_sentence"} <= names
+
+
+def test_zero_shot_on_real_dicom(client):
+    from gradio_client import handle_file
+
+    label, table = client.predict(handle_file(rg1_path()), api_name="/zero_shot")
+    probs = {c["label"]: c["confidence"] for c in label["confidences"]}
+    assert set(probs) == set(CHEX5)
+    assert all(0.0 <= p <= 1.0 for p in probs.values())
+    rows = {r[0]: r for r in table["data"]}
+    assert rows["Pneumonia"][2] == "Findings suggesting pneumonia" and rows["Pneumonia"][3] == "No signs of pneumonia"
+    assert rows["Cardiomegaly"][3] == "Heart size normal"
+
+
+def test_ground_returns_overlay_with_contours(client, server):
+    from gradio_client import handle_file
+
+    image, legend = client.predict(handle_file(rg1_path()), "left pleural effusion", "relative", api_name="/ground")
+    arr = np.asarray(Image.open(_path(image)).convert("RGB")).astype(int)
+    up = server[1].upload(rg1_path())
+    assert arr.shape[:2] == up.display.shape  # display copy of the 1955 x 1841 DICOM
+    assert 700 <= max(arr.shape[:2]) <= 768
+    assert "cosine similarity" in legend
+    colourful = np.abs(arr[..., 0] - arr[..., 2]) > 20  # the RdBu overlay is not grey
+    assert colourful.mean() > 0.2
+    # top/bottom margins outside the centre crop stay grey (NaN, no colour)
+    top, _, _, _ = up.encoded.geometry.resized(*up.display.shape).box()
+    assert top > 0 and not colourful[: top - 1].any()
+
+
+def test_retrieval_by_image_and_text(client, app_assets):  # noqa: F811
+    from gradio_client import handle_file
+
+    from medclr.data.manifest import read_manifest
+
+    reports = set(read_manifest(app_assets["manifest"])["report"])
+    gallery = client.predict(handle_file(rg1_path()), 5, api_name="/retrieve_by_image")
+    assert len(gallery) == 5
+    captions = [g["caption"] for g in gallery]
+    score, index, report = (x.strip() for x in captions[0].split("·", 2))
+    assert float(score) == pytest.approx(1.0, abs=1e-3) and index == "#11"  # RG1 itself is in the index
+    assert report in reports and all(c.split("·", 2)[2].strip() in reports for c in captions)
+    assert all(os.path.getsize(_path(g["image"])) > 0 for g in gallery)
+    by_text = client.predict("small left pleural effusion", 3, api_name="/retrieve_by_text")
+    assert len(by_text) == 3 and all(c["caption"].split("·", 2)[2].strip() in reports for c in by_text)
+
+
+def test_inspector_shows_eta_and_zeta(client, engine, app_assets):  # noqa: F811
+    import pandas as pd
+    from safetensors.numpy import load_file
+
+    eta = pd.read_parquet(app_assets["eta"]).set_index("sentence")["eta"]
+    zeta = load_file(str(app_assets["checkpoint"] / "loss_state.safetensors"))["loss.zeta_txt"]
+    out = client.predict("No pneumothorax.", api_name="/inspect_sentence")
+    assert out["eta_LM"] == pytest.approx(eta["No pneumothorax."])
+    assert out["reports_with_sentence"] >= 1
+    for rec in out["zeta"]:
+        assert rec["zeta_txt"] == pytest.approx(float(zeta[rec["manifest_index"]]), abs=1e-6)
+
+
+def test_bad_uploads_get_messages_not_crashes(client, tmp_path):
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    corrupt = tmp_path / "scan.dcm"
+    data = open(rg1_path(), "rb").read()
+    corrupt.write_bytes(data[:5000])  # a truncated real DICOM
+    notes = tmp_path / "notes.png"
+    notes.write_text("this is not an image")
+    huge = tmp_path / "huge.png"
+    Image.new("L", (10_000, 10_000)).save(huge)  # compresses to ~100 kB, decodes to 100 Mpx
+    assert huge.stat().st_size < 2 << 20
+    cases = [(corrupt, ("cannot decode", "DICOM")), (notes, ("not a readable PNG/JPEG",)),
+             (huge, ("10000x10000", "over the limit"))]
+    for path, needles in cases:
+        for endpoint, extra in (("/zero_shot", ()), ("/ground", ("effusion",)), ("/retrieve_by_image", ())):
+            with pytest.raises(AppError) as err:
+                client.predict(handle_file(path), *extra, api_name=endpoint)
+            msg = str(err.value)
+            assert all(n in msg for n in needles), msg
+            assert "Traceback" not in msg and str(tmp_path) not in msg and "/tmp/gradio" not in msg
+    with pytest.raises(AppError, match="phrase"):
+        client.predict(handle_file(rg1_path()), "   ", api_name="/ground")
+    with pytest.raises(AppError, match="describe|type"):
+        client.predict("", api_name="/retrieve_by_text")
+    # the server is still fine
+    label, _ = client.predict(handle_file(rg1_path()), api_name="/zero_shot")
+    assert len(label["confidences"]) == 5
+
+
+def test_oversized_upload_is_refused(client, tmp_path):
+    from gradio_client import handle_file
+
+    big = tmp_path / "big.png"
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (3000, 3000), dtype=np.uint8)).save(big)  # ~9 MB of noise
+    with open(big, "ab") as fh:
+        fh.write(os.urandom(12 << 20))  # past the 20 MB limit of this server
+    with pytest.raises(Exception) as err:
+        client.predict(handle_file(big), api_name="/zero_shot")
+    assert "413" in str(err.value) or "too large" in str(err.value).lower() or "size" in str(err.value).lower()
+
+
+def test_patient_identifiers_never_shown_or_logged(client, identified_dicom, caplog):
+    from gradio_client import handle_file
+
+    caplog.set_level(logging.DEBUG)
+    image, facts = client.predict(handle_file(identified_dicom), api_name="/preview")
+    label, table = client.predict(handle_file(identified_dicom), api_name="/zero_shot")
+    assert "MONOCHROME1" in facts and "1841 x 1955" in facts
+    shown = str(facts) + str(label) + str(table)
+    logged = caplog.text
+    for secret in (PATIENT_NAME, "Doe", PATIENT_ID, "19500101", "study.dcm"):
+        assert secret not in shown and secret not in logged
+
+
+def test_app_cli_help_and_bad_input(tmp_path, app_assets):  # noqa: F811
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    help_ = subprocess.run([sys.executable, "-m", "medclr", "app", "--help"], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert help_.returncode == 0 and "examples:" in help_.stdout and "127.0.0.1" in help_.stdout
+    bad = subprocess.run([sys.executable, "-m", "medclr", "app", "--checkpoint", str(tmp_path / "nope"),
+                          "--index", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 1 and len(lines) == 1 and "no such directory" in lines[0]
+
+
+def test_auth_parsing(tmp_path, monkeypatch):
+    from app.cli import parse_auth
+    from medclr.errors import MedclrError
+
+    monkeypatch.delenv("MEDCLR_APP_AUTH", raising=False)
+    assert parse_auth(None, None) is None
+    f = tmp_path / "users.txt"
+    f.write_text("# users\nalice:s3cret\nbob:pa:ss\n")
+    assert parse_auth("carol:x", str(f)) == [("carol", "x"), ("alice", "s3cret"), ("bob", "pa:ss")]
+    with pytest.raises(MedclrError, match="USER:PASSWORD"):
+        parse_auth("nopassword", None)
+    monkeypatch.setenv("MEDCLR_APP_AUTH", "dave:pw")
+    assert parse_auth(None, None) == [("dave", "pw")]
+
+
+def test_auth_is_enforced(engine):  # noqa: F811
+    from gradio_client import Client
+
+    from app.service import AppService
+    from app.ui import build_blocks, launch
+
+    demo = build_blocks(AppService(engine, None))
+    _, url = launch(demo, port=_free_port(), block=False, auth=[("alice", "s3cret")])
+    try:
+        with pytest.raises(Exception):
+            Client(url, verbose=False, analytics_enabled=False)
+        ok = Client(url, auth=("alice", "s3cret"), verbose=False, analytics_enabled=False)
+        from gradio_client.exceptions import AppError
+
+        with pytest.raises(AppError, match="no retrieval index"):
+            ok.predict("effusion", api_name="/retrieve_by_text")
+    finally:
+        demo.close()
+
+
+def test_gallery_pick_lists_the_report_sentences(server, app_assets):  # noqa: F811
+    from app.ui import _study_sentences
+    from medclr.data.manifest import read_manifest
+
+    sents = read_manifest(app_assets["manifest"])["sentences"].iat[11]
+    gallery = [("a.png", "0.500 · #3 · x"), ("b.png", "1.000 · #11 · y")]
+    assert _study_sentences(server[1], gallery, 1, None) == {"choices": sents, "value": sents[0]}
+    assert _study_sentences(server[1], None, 0, {"caption": "1.000 · #11 · y"})["choices"] == sents
+    assert _study_sentences(server[1], gallery, 5, None) == {}

@@ -1,0 +1,128 @@
+"""medclr.inference: preprocessing geometry, zero-shot maths, grounding maps, checkpoint side files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from medclr.errors import MedclrError
+from medclr.inference import (
+    CropGeometry,
+    Preprocess,
+    load_checkpoint,
+    preprocess_image,
+    read_checkpoint_info,
+    write_preprocess,
+)
+from medclr.prompts import CHEX5_PROMPTS
+from tests.conftest_app import app_assets, engine, rg1_path  # noqa: F401 - fixtures
+
+
+def test_crop_geometry_matches_hi_ml_example():
+    # DATASETS §1.7: 2544 x 3056 (W x H), R 512, C 480 -> side 2385, NaN margins 79/80 and 335/336
+    geo = CropGeometry(height=3056, width=2544, resize=512, crop=480)
+    assert geo.side == 2385
+    m = geo.to_original(np.arange(225, dtype=np.float32).reshape(15, 15))
+    assert m.shape == (3056, 2544)
+    cols = np.flatnonzero(~np.isnan(m).all(axis=0))
+    rows = np.flatnonzero(~np.isnan(m).all(axis=1))
+    assert (cols[0], 2544 - 1 - cols[-1]) == (79, 80)
+    assert (rows[0], 3056 - 1 - rows[-1]) == (335, 336)
+    assert np.nanmin(m) >= 0 and np.nanmax(m) <= 224
+
+
+def test_preprocess_resizes_shorter_side_and_centre_crops():
+    img = np.zeros((300, 200), np.float32)
+    img[:, 100:] = 1.0  # right half bright
+    t, geo = preprocess_image(img, Preprocess(64, 80))
+    assert t.shape == (1, 64, 64) and t.dtype == torch.float32
+    assert geo == CropGeometry(300, 200, 80, 64)
+    assert t[0, :, :30].mean() < 0.05 and t[0, :, 34:].mean() > 0.95  # orientation kept
+    with pytest.raises(MedclrError):
+        Preprocess(64, 32)
+
+
+def test_preprocess_area_resize_and_monai_centre_crop():
+    img = np.random.default_rng(0).random((64, 96)).astype(np.float32)
+    t, geo = preprocess_image(img, Preprocess(32, 32))  # shorter side 64 -> 32: 2x2 block means, 32 x 48
+    blocks = img.reshape(32, 2, 48, 2).mean(axis=(1, 3))
+    np.testing.assert_allclose(t[0].numpy(), blocks[:, 8:40], atol=1e-6)  # start = 48 // 2 - 32 // 2 = 8
+
+
+@pytest.mark.slow  # importing MONAI (through training.data) alone takes 10-20 s on a busy 2-core machine
+def test_preprocess_is_trainings_deterministic_view():
+    data = pytest.importorskip("training.data", reason="training/ not present in this checkout")
+    from monai.transforms import CenterSpatialCrop
+
+    from medclr.io import read_image
+
+    for resize, crop in ((512, 480), (256, 225)):
+        theirs = data._load_resize_transform(resize, "float32")({"image": rg1_path()})["image"]
+        theirs = torch.as_tensor(CenterSpatialCrop(roi_size=(crop, crop))(theirs))
+        mine, _ = preprocess_image(read_image(rg1_path()), Preprocess(crop, resize))
+        assert mine.shape == theirs.shape and torch.equal(mine, theirs)
+
+
+def test_checkpoint_info_and_overrides(engine, app_assets, tmp_path):  # noqa: F811
+    info = read_checkpoint_info(app_assets["checkpoint"])
+    assert info["image_size"] == 224 and info["source"]["image_size"] == "preprocess.json"
+    assert info["tau"] == 0.05 and info["eta_table"] == str(app_assets["eta"])
+    assert engine.preprocess == Preprocess(224, 224) and engine.tau == 0.05
+    write_preprocess(tmp_path, 256, 288)
+    assert json.loads((tmp_path / "preprocess.json").read_text()) == {"image_size": 256, "resize": 288}
+    other = load_checkpoint(app_assets["other_checkpoint"], image_size=160)
+    assert other.preprocess.image_size == 160 and other.tau == pytest.approx(1 / 14)  # no training config
+    assert not other.stats.has_eta and other.stats.has_zeta
+    with pytest.raises(MedclrError, match="no such directory"):
+        load_checkpoint(tmp_path / "missing")
+
+
+def test_zero_shot_is_softmax_over_prompt_pair(engine):  # noqa: F811
+    enc = engine.encode(rg1_path())
+    details = engine.zero_shot_details(enc)
+    assert [d["class"] for d in details] == list(CHEX5_PROMPTS)
+    for d in details:
+        expect = torch.softmax(torch.tensor([d["score_negative"], d["score_positive"]]) / engine.tau, 0)[1]
+        assert d["probability"] == pytest.approx(float(expect), abs=1e-6)
+        assert d["positive_prompts"] == CHEX5_PROMPTS[d["class"]]["positive"]
+    # same scores through the model's own head
+    text = engine.embed_texts(["Pleural effusions", "No pleural effusions"])
+    sims = engine.model.similarity(enc.features, torch.from_numpy(text)).numpy()[0]
+    eff = next(d for d in details if d["class"] == "Pleural Effusion")
+    assert sims[0] == pytest.approx(eff["score_positive"], abs=1e-5)
+    assert sims[1] == pytest.approx(eff["score_negative"], abs=1e-5)
+
+
+def test_prompt_sets_average_unnormalised_projections(engine):  # noqa: F811
+    prompts = {"X": {"positive": ["Cardiomegaly", "Mild cardiomegaly is seen"], "negative": ["Heart size normal"]}}
+    pos, _ = engine.prompt_embeddings(prompts)["X"]
+    raw = engine.model.text_encoder.encode(prompts["X"]["positive"], normalize=False)
+    expect = torch.nn.functional.normalize(raw.mean(0), dim=-1)
+    assert torch.allclose(pos, expect, atol=1e-6)
+
+
+def test_ground_map_at_original_resolution_nan_outside_crop(engine):  # noqa: F811
+    m = engine.ground(rg1_path(), "left pleural effusion")
+    assert m.shape == (1955, 1841)
+    geo = engine.encode(rg1_path()).geometry
+    top, left, bottom, right = geo.box()
+    assert np.isnan(m[:top]).all() and np.isnan(m[bottom:]).all()
+    assert not np.isnan(m[top:bottom, left:right]).any()
+    assert np.nanmax(np.abs(m)) <= 1.0
+    raw = engine.ground_grid(rg1_path(), "left pleural effusion", sigma=0)
+    assert raw.shape == (7, 7)
+    with pytest.raises(MedclrError, match="phrase"):
+        engine.ground(rg1_path(), "  ")
+
+
+def test_embeddings_are_unit_and_workers_agree(engine, app_assets):  # noqa: F811
+    paths = [rg1_path(), app_assets["images"] / "p00/s00.png", app_assets["images"] / "p01/s01.png"]
+    a = engine.embed_images(paths)
+    b = engine.embed_images(paths, batch_size=2, num_workers=1)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    t = engine.embed_texts(["No pneumothorax.", "Heart size is normal."])
+    assert t.shape == (2, engine.joint_dim)

@@ -1,0 +1,140 @@
+"""`medclr score`: a tree of PNG/DICOM files, a broken file, SIGKILL mid-run, resume: every file once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from tests.conftest_app import app_assets, engine, rg1_path  # noqa: F401 - fixtures
+
+N_PNG = 24
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory):
+    root = tmp_path_factory.mktemp("archive")
+    rng = np.random.default_rng(0)
+    for i in range(N_PNG):
+        d = root / f"site{i % 3}" / f"p{i:03d}"
+        d.mkdir(parents=True)
+        Image.fromarray(rng.integers(0, 255, (64 + i, 80), dtype=np.uint8)).save(d / f"img{i}.png")
+    (root / "dicom").mkdir()
+    shutil.copy(rg1_path("RG1_UNCI.dcm"), root / "dicom" / "rg1.dcm")
+    shutil.copy(rg1_path("RG1_UNCR.dcm"), root / "dicom" / "NOEXTENSION")  # DICOM found by its magic
+    (root / "dicom" / "broken.dcm").write_bytes(b"\0" * 128 + b"DICM" + b"\x01" * 50)
+    (root / "notes.txt").write_text("not an image")  # ignored: not an image file
+    (root / ".hidden.png").write_bytes(b"x")  # ignored: hidden
+    return root
+
+
+def _cmd(ckpt, root, out, *extra):
+    return [sys.executable, "-m", "medclr", "score", "--checkpoint", str(ckpt), "--input", str(root), "--out", str(out),
+            "--batch-size", "2", "--part-files", "2", "--workers", "1", "--no-progress", *extra]
+
+
+def test_find_images(archive):
+    from app.scoring import find_images
+
+    files = find_images(archive)
+    assert len(files) == N_PNG + 3 and "dicom/NOEXTENSION" in files
+    assert "notes.txt" not in files and ".hidden.png" not in files and files == sorted(files)
+
+
+def test_sigkill_mid_run_then_resume_scores_every_file_once(archive, app_assets, tmp_path, capsys):  # noqa: F811
+    from app.scoring import find_images, parts_dir
+
+    out = tmp_path / "results.parquet"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(_cmd(app_assets["checkpoint"], archive, out, "--embeddings"), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    parts = parts_dir(out)
+    deadline = time.time() + 240
+    while len(list(parts.glob("part-*.parquet"))) < 3:
+        assert proc.poll() is None, f"scoring ended before it could be killed: {proc.stderr.read()[-2000:]!r}"
+        assert time.time() < deadline, "no parts written"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the scorer and its DataLoader worker, mid-run
+    proc.wait(30)
+    n_parts = len(list(parts.glob("part-*.parquet")))
+    assert not out.exists()  # killed before the merge
+    done_before = sum(pq.read_metadata(p).num_rows for p in parts.glob("part-*.parquet"))
+    assert 0 < done_before < N_PNG + 3
+
+    from medclr.cli import main
+
+    capsys.readouterr()
+    assert main(_cmd(app_assets["checkpoint"], archive, out, "--embeddings")[3:]) == 0  # resume, in process
+    assert f"{done_before} already done" in capsys.readouterr().out
+    results, errors = pd.read_parquet(out), pd.read_parquet(tmp_path / "results.errors.parquet")
+    expected = find_images(archive)
+    # exactly once: parts hold each file once, the merged tables partition the files
+    in_parts = pd.concat([pd.read_parquet(p, columns=["path"]) for p in parts.glob("part-*.parquet")])["path"]
+    assert in_parts.is_unique and sorted(in_parts) == expected
+    assert sorted(list(results["path"]) + list(errors["path"])) == expected
+    assert results["path"].is_unique and len(list(parts.glob("part-*.parquet"))) > n_parts
+    assert list(errors["path"]) == ["dicom/broken.dcm"] and "broken.dcm" in errors["error"].iat[0]
+    for cls in ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax"):
+        assert results[cls].between(0, 1).all()
+    emb = np.stack(results["embedding"].to_numpy())
+    assert emb.shape == (N_PNG + 2, 32) and np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-4)
+    # the same images score the same in the app's engine
+    row = results.set_index("path").loc["dicom/rg1.dcm"]
+    assert (row["height"], row["width"]) == (1955, 1841)
+    from medclr.inference import load_checkpoint
+
+    probs = load_checkpoint(app_assets["checkpoint"]).zero_shot(archive / "dicom" / "rg1.dcm")
+    assert row["Edema"] == pytest.approx(probs["Edema"], abs=1e-5)
+
+    # a third run has nothing to do; another model is refused on the same output
+    assert main(_cmd(app_assets["checkpoint"], archive, out, "--embeddings")[3:]) == 0
+    assert f"scored 0 files (0 unreadable, {N_PNG + 3} already done)" in capsys.readouterr().out
+    assert main(_cmd(app_assets["other_checkpoint"], archive, out)[3:]) == 1
+    assert "different weights_sha256" in capsys.readouterr().err
+
+
+def test_score_in_process_with_shards(engine, tmp_path, monkeypatch):  # noqa: F811
+    """Two ranks' shards (as torchrun would run them, here one after the other with a fake world) cover
+    every file once; the merge happens once all shards are in."""
+    from app import scoring
+
+    root = tmp_path / "small"
+    root.mkdir()
+    for i in range(9):
+        Image.fromarray(np.full((40, 48), 20 * i, np.uint8)).save(root / f"{i}.png")
+    (root / "bad.jpg").write_bytes(b"\xff\xd8 not really")
+    out = tmp_path / "r.parquet"
+    opts = scoring.ScoreOptions(batch_size=4, workers=0, part_files=2, progress=False)
+    monkeypatch.setattr(scoring, "_init_group", lambda world: None)
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        stats = scoring.score_tree(engine, root, out, opts)
+        assert "merged" in stats if rank == 0 else "merged" not in stats
+    assert stats["files"] == 5
+    assert {p.name.split("-")[1] for p in scoring.parts_dir(out).glob("part-*")} == {"r000", "r001"}
+    res, err = pd.read_parquet(out), pd.read_parquet(scoring.errors_path(out))
+    assert len(res) == 9 and list(err["path"]) == ["bad.jpg"] and res["path"].is_unique
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes(app_assets, archive, tmp_path):  # noqa: F811
+    out = tmp_path / "tr.parquet"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           "-m", "medclr", "score", "--checkpoint", str(app_assets["checkpoint"]), "--input", str(archive),
+           "--out", str(out), "--workers", "0", "--no-progress"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    res, err = pd.read_parquet(out), pd.read_parquet(Path(str(out).replace(".parquet", ".errors.parquet")))
+    assert len(res) + len(err) == N_PNG + 3 and res["path"].is_unique
