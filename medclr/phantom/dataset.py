@@ -1,0 +1,230 @@
+"""Generate a CXR-Phantom data set: plan every study, then render and write them in parallel.
+
+Two passes over the study numbers 0..n-1, both on a process pool:
+1. plan: the latent class of every study (cheap), so each study's class
+   probability in the generated set is known when its row is written;
+2. render: image, report, DICOM (optional) written by the workers; the table
+   rows come back to the parent in study order and are streamed to disk.
+
+Every random choice of study k comes from (seed, k), so the bytes do not
+depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from tqdm.auto import tqdm
+
+from medclr import __version__
+from medclr.errors import MedclrError
+from medclr.phantom import reports as R
+from medclr.phantom import vocab as V
+from medclr.phantom import writer as W
+from medclr.phantom.material import load_material
+from medclr.phantom.plan import SOURCES, class_model_prob, plan_study
+from medclr.phantom.renderer import render
+
+log = logging.getLogger(__name__)
+MAX_SIZE = 1024
+MIN_SIZE = 64
+_CTX: dict = {}
+_OUR_FILES = ("phantom.json", "phantom_classes.csv", W.GROUND_TRUTH_FILE, W.MSCXR_FILE, "mimic-cxr-2.0.0-metadata.csv.gz",
+              "mimic-cxr-2.0.0-split.csv.gz", "mimic-cxr-2.0.0-chexpert.csv.gz")
+
+
+def subject_index(seed: int, n: int) -> np.ndarray:
+    """Subject number of each study: subjects have 1-4 studies; a prefix does not depend on n."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 11]))
+    counts = rng.choice([1, 2, 3, 4], size=n, p=[0.55, 0.25, 0.12, 0.08])
+    return np.repeat(np.arange(n), counts)[:n]
+
+
+def identifiers(seed: int, k: int, subj: int) -> tuple[str, str, str]:
+    """(subject_id, study_id, dicom_id) in MIMIC's formats: 8 digits from 1, 8 digits from 5, 5x8 hex."""
+    off = int(hashlib.sha1(f"phantom-ids:{seed}".encode()).hexdigest()[:8], 16)
+    subject = 10_000_000 + (subj * 7919 + off) % 9_000_000
+    study = 50_000_000 + (k * 7907 + off // 7) % 10_000_000
+    h = hashlib.sha1(f"phantom:{seed}:{k}".encode()).hexdigest()
+    return str(subject), str(study), "-".join(h[i:i + 8] for i in range(0, 40, 8))
+
+
+def split_of(subject_id: str, seed: int, fractions: tuple[float, float]) -> str:
+    u = int(hashlib.sha1(f"split:{seed}:{subject_id}".encode()).hexdigest()[:12], 16) / float(1 << 48)
+    return "train" if u < fractions[0] else ("validate" if u < fractions[0] + fractions[1] else "test")
+
+
+def _init(ctx: dict) -> None:
+    _CTX.update(ctx)
+    _CTX["material"] = load_material()
+
+
+def _plan_class(k: int) -> str:
+    return plan_study(_CTX["material"], _CTX["source"], _CTX["seed"], k)["latent_class"]
+
+
+def _meta(spec: dict, ids, size: int, nth: int, seed: int) -> dict:
+    subject, study, dicom_id = ids
+    h = int(hashlib.sha1(f"date:{seed}:{subject}".encode()).hexdigest()[:8], 16)
+    base = dt.date(2110, 1, 1) + dt.timedelta(days=h % (80 * 365))
+    date = base + dt.timedelta(days=nth * (30 + h % 200))
+    t = int(hashlib.sha1(f"time:{seed}:{study}".encode()).hexdigest()[:8], 16)
+    time = f"{(t % 24):02d}{(t // 24) % 60:02d}{(t // 1440) % 60:02d}.{t % 1000:03d}"
+    pa_view = spec["view"] == "PA"
+    desc = "CHEST (PA AND LAT)" if pa_view else "CHEST (PORTABLE AP)"
+    return {"dicom_id": dicom_id, "subject_id": subject, "study_id": study, "PerformedProcedureStepDescription": desc,
+            "ViewPosition": spec["view"], "Rows": size, "Columns": size, "StudyDate": date.strftime("%Y%m%d"),
+            "StudyTime": time, "ProcedureCodeSequence_CodeMeaning": desc,
+            "ViewCodeSequence_CodeMeaning": "postero-anterior" if pa_view else "antero-posterior",
+            "PatientOrientationCodeSequence_CodeMeaning": "Erect" if pa_view else "Recumbent"}
+
+
+def _study(task) -> dict:
+    k, subj, nth, prob, model_prob, count = task
+    c = _CTX
+    m, seed, size, out = c["material"], c["seed"], c["size"], Path(c["out"])
+    spec = plan_study(m, c["source"], seed, k)
+    res = render(m, spec, size, float_image=c["dicom"])
+    ids = identifiers(seed, k, subj)
+    subject, study, dicom_id = ids
+    folder = f"files/p{subject[:2]}/p{subject}/s{study}"
+    image_path, report_path = f"{folder}/{dicom_id}.jpg", f"{folder}.txt"
+    (out / folder).mkdir(parents=True, exist_ok=True)
+    Image.fromarray(res["image"], mode="L").save(out / image_path, quality=c["quality"])
+    report = R.format_report(spec["findings_text"], spec["impression_text"], spec["view"], spec["indication"],
+                             spec["comparison"])
+    (out / report_path).write_text(report, encoding="utf-8")
+    split = split_of(subject, seed, c["fractions"])
+    meta = _meta(spec, ids, size, nth, seed)
+    row = {"dicom_id": dicom_id, "subject_id": subject, "study_id": study, "split": split, "meta": meta}
+    if c["dicom"]:
+        W.write_dicom(out / f"{folder}/{dicom_id}.dcm", res["image_float"], row, seed, k)
+    findings, mscxr = [], []
+    for f, boxes in zip(spec["findings"], res["boxes"]):
+        chex, cat = V.CHEXPERT_OF.get(f["name"]) or "", V.MSCXR_OF.get(f["name"], "")
+        findings.append({**{key: f[key] for key in V.FINDING_KEYS}, "rendered": bool(f.get("rendered")),
+                         "sentence": f.get("sentence_text", ""), "chexpert": chex, "mscxr_category": cat,
+                         "boxes": [list(b) for b in boxes]})
+        if split == "test" and cat and f.get("sentence_text"):
+            for x, y, w, h in boxes:
+                mscxr.append({"dicom_id": dicom_id, "category_name": cat, "label_text": f["sentence_text"],
+                              "path": image_path, "x": x, "y": y, "w": w, "h": h, "image_width": size,
+                              "image_height": size, "split": "test"})
+    row["labels"] = V.chexpert_row([f for f in spec["findings"] if f.get("rendered")], set(spec["negated"]))
+    row["mscxr"] = mscxr
+    acq = {key: round(v, 5) for key, v in res["acquisition"].items()}
+    row["gt"] = {"dicom_id": dicom_id, "study_id": study, "subject_id": subject, "split": split,
+                 "source": spec["source"], "openi_uid": spec["uid"], "view": spec["view"], "image_path": image_path,
+                 "report_path": report_path, "latent_class": spec["latent_class"], "latent_class_prob": prob,
+                 "latent_class_model_prob": model_prob, "latent_class_count": count, "n_findings": len(findings),
+                 "findings": findings, "ctr": round(res["ctr"], 4), "lung_mask": res["lung_mask"],
+                 "acquisition": json.dumps(acq, sort_keys=True), "report": report}
+    return row
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise MedclrError(f"{out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        ours = (out / "phantom.json").is_file()
+        if not overwrite:
+            raise MedclrError(f"{out}: folder is not empty; choose a new one"
+                              + (" or pass --overwrite to replace the phantom data set in it" if ours else ""))
+        if not ours:
+            raise MedclrError(f"{out}: --overwrite only replaces a phantom data set (no phantom.json here)")
+        shutil.rmtree(out / "files", ignore_errors=True)
+        for name in _OUR_FILES:
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _pool(workers: int, ctx: dict):
+    if workers <= 1:
+        _init(ctx)
+        return None
+    method = "fork" if sys.platform.startswith("linux") else None
+    return mp.get_context(method).Pool(workers, initializer=_init, initargs=(ctx,))
+
+
+def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, dicom: bool = False,
+             workers: int | None = None, fractions: tuple[float, float] = (0.8, 0.1), quality: int = 95,
+             overwrite: bool = False, progress: bool = True) -> dict:
+    """Write a phantom data set of ``n`` studies to ``out``; returns the summary also saved as phantom.json."""
+    if source not in SOURCES:
+        raise MedclrError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
+    if not (1 <= int(n) <= 10_000_000):
+        raise MedclrError(f"--n {n}: expected a number of studies between 1 and 10,000,000")
+    if not (MIN_SIZE <= int(size) <= MAX_SIZE):
+        raise MedclrError(f"--size {size}: expected an image side between {MIN_SIZE} and {MAX_SIZE} px")
+    if not (0 < fractions[0] < 1 and 0 <= fractions[1] < 1 and fractions[0] + fractions[1] < 1):
+        raise MedclrError(f"--split {fractions}: expected train and validate fractions summing below 1")
+    out = Path(out)
+    _prepare_out(out, overwrite)
+    material = load_material()  # built (or read) once here, inherited by forked workers
+    workers = max(1, int(workers if workers is not None else (os.cpu_count() or 1)))
+    ctx = {"out": str(out), "seed": int(seed), "source": source, "size": int(size), "dicom": bool(dicom),
+           "fractions": tuple(fractions), "quality": int(quality)}
+    W.write_json(out / "phantom.json", {"status": "incomplete", "n": int(n), "seed": int(seed), "source": source})
+    pool = _pool(workers, ctx)
+
+    def run(fn, items, chunksize):
+        return pool.imap(fn, items, chunksize) if pool is not None else map(fn, items)
+
+    try:
+        chunk = max(1, min(256, n // (8 * workers) or 1))
+        classes = list(tqdm(run(_plan_class, range(n), chunk), total=n, desc="plan", unit="study",
+                            disable=not progress, leave=False))
+        counts = Counter(classes)
+        model = {c: class_model_prob(material, source, c) for c in counts}
+        subj = subject_index(seed, n)
+        first = np.r_[0, np.flatnonzero(np.diff(subj)) + 1]
+        nth = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+        tasks = ((k, int(subj[k]), int(nth[k]), counts[classes[k]] / n, model[classes[k]], counts[classes[k]])
+                 for k in range(n))
+        writer = W.DatasetWriter(out)
+        splits: Counter = Counter()
+        chex5: Counter = Counter()
+        try:
+            results = run(_study, tasks, max(1, min(16, chunk)))
+            for row in tqdm(results, total=n, desc="phantom", unit="study", disable=not progress):
+                writer.add(row)
+                splits[row["split"]] += 1
+                for name in ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax"):
+                    chex5[name] += row["labels"][name] == 1.0
+        finally:
+            writer.close()
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+        raise
+    else:
+        if pool is not None:
+            pool.close()
+    finally:
+        if pool is not None:
+            pool.join()
+    with open(out / "phantom_classes.csv", "w", encoding="utf-8", newline="") as fh:
+        fh.write("latent_class,count,prob,model_prob\n")
+        for c, cnt in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+            fh.write(f'"{c}",{cnt},{cnt / n:.8g},{model[c]:.8g}\n')
+    summary = {"status": "complete", "version": __version__, "n": int(n), "seed": int(seed), "source": source,
+               "size": int(size), "dicom": bool(dicom), "split_fractions": list(fractions),
+               "splits": dict(sorted(splits.items())),
+               "n_classes": len(counts), "chex5_positive": dict(chex5), "mscxr_boxes": writer.n_boxes,
+               "latent_class": "sorted canonical rendered findings, ':side' for lateral findings whose side the "
+                               "report states; 'normal' when none",
+               "latent_class_prob": "frequency of the class among the n generated studies",
+               "latent_class_model_prob": "probability of the class under the generating distribution"}
+    W.write_json(out / "phantom.json", summary)
+    return summary

@@ -1,0 +1,209 @@
+"""CXR-Phantom: formats round-trip through the foundation readers, boxes sit on lesions, bytes are reproducible."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pydicom
+import pytest
+
+from medclr.cli import main as cli_main
+from medclr.data.labels import CHEX5, CHEXPERT_LABELS
+from medclr.data.readers.mimic import read_mimic_cxr_jpg
+from medclr.data.readers.mscxr import read_mscxr
+from medclr.io import read_image
+from medclr.phantom import attach_ground_truth, generate, load_material, read_ground_truth, render
+from medclr.phantom import vocab as V
+from medclr.phantom.groundtruth import false_negative_rates
+from medclr.phantom.plan import class_model_prob, plan_study
+from medclr.phantom.textmatch import mention_state, sentence_side
+from medclr.phantom.writer import CHEXPERT_COLUMNS, METADATA_COLUMNS, MSCXR_COLUMNS, SPLIT_COLUMNS
+
+N, SIZE = 24, 128
+
+
+@pytest.fixture(scope="module")
+def material():
+    return load_material()
+
+
+@pytest.fixture(scope="module")
+def phantom(tmp_path_factory, material):
+    out = tmp_path_factory.mktemp("phantom")
+    generate(out, N, seed=5, source="both", size=SIZE, dicom=True, workers=2, fractions=(0.5, 0.2), progress=False)
+    return out
+
+
+def _header(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return next(csv.reader(fh))
+
+
+def test_format_round_trip(phantom):
+    for name, cols in (("mimic-cxr-2.0.0-metadata.csv.gz", METADATA_COLUMNS), ("mimic-cxr-2.0.0-split.csv.gz",
+                       SPLIT_COLUMNS), ("mimic-cxr-2.0.0-chexpert.csv.gz", CHEXPERT_COLUMNS),
+                       ("MS_CXR_Local_Alignment_v1.1.0.csv", MSCXR_COLUMNS)):
+        assert _header(phantom / name) == list(cols), name
+    df = read_mimic_cxr_jpg(phantom, views=None)
+    assert len(df) == N and set(df["view"]) <= {"PA", "AP"}
+    assert set(df["split"]) <= {"train", "validate", "test"}
+    assert df.groupby("subject_id")["split"].nunique().max() == 1  # split by subject
+    assert all(len(s) > 0 for s in df["sentences"])
+    for rel in df["image_path"][:4]:
+        jpg = read_image(phantom / rel)
+        assert jpg.shape == (SIZE, SIZE) and jpg.dtype == np.float32
+        dcm_path = (phantom / rel).with_suffix(".dcm")
+        ds = pydicom.dcmread(dcm_path)
+        assert ds.Modality == "CR" and ds.PhotometricInterpretation == "MONOCHROME1"
+        assert str(ds.PatientName).startswith("PHANTOM^") and ds.PatientID.isdigit()
+        dcm = read_image(dcm_path)  # MONOCHROME1 inverted back: same picture as the JPG
+        assert np.corrcoef(jpg.ravel(), dcm.ravel())[0, 1] > 0.99 and np.abs(jpg - dcm).mean() < 0.02
+    gt = read_ground_truth(phantom)
+    assert len(gt) == N and gt["dicom_id"].is_unique
+    joined = attach_ground_truth(df, phantom)
+    assert joined["latent_class"].notna().all() and list(joined["dicom_id"]) == list(df["dicom_id"])
+    counts = gt["latent_class"].value_counts()
+    assert np.allclose(gt["latent_class_prob"], gt["latent_class"].map(counts) / N)
+    assert (gt["latent_class_model_prob"] > 0).all() and (gt["latent_class_model_prob"] <= 1).all()
+    ms = read_mscxr(phantom / "MS_CXR_Local_Alignment_v1.1.0.csv")
+    test_ids = set(gt.loc[gt["split"] == "test", "dicom_id"])
+    assert len(ms) > 0 and set(ms["dicom_id"]) <= test_ids and set(ms["split"]) == {"test"}
+    assert ((ms.image_width == SIZE) & (ms.image_height == SIZE)).all()
+
+
+def test_boxes_inside_images(phantom):
+    gt = read_ground_truth(phantom)
+    n_boxes = 0
+    for fs in gt["findings"]:
+        for f in fs:
+            for x, y, w, h in f["boxes"]:
+                n_boxes += 1
+                assert 0 <= x and 0 <= y and w > 0 and h > 0 and x + w <= SIZE and y + h <= SIZE
+    assert n_boxes > N // 2
+
+
+LESIONS = [
+    V.finding("pleural_effusion", side="right", size="moderate"),
+    V.finding("pleural_effusion", side="left", size="small"),
+    V.finding("pneumothorax", side="left", size="moderate", zone="apex"),
+    V.finding("nodule", side="right", zone="upper", kind="nodule"),
+    V.finding("nodule", side="left", zone="lower", kind="mass"),
+    V.finding("pneumonia", side="right", zone="lower"),
+    V.finding("consolidation", side="left", zone="upper"),
+    V.finding("opacity", side="right", zone="mid"),
+    V.finding("atelectasis", side="left", zone="base", kind="plate"),
+    V.finding("edema", severity="moderate"),
+    V.finding("pacemaker", side="left"),
+]
+
+
+@pytest.mark.parametrize("lesion", LESIONS, ids=lambda f: f"{f['name']}-{f['side'] or 'x'}-{f['kind'] or f['size']}")
+def test_box_is_on_the_drawn_lesion(material, lesion):
+    """Leaving the finding out changes the image inside its box, not outside (everything else is the same)."""
+    spec = {"seed": 11, "k": 3, "view": "PA", "findings": [V.finding("central_line", side="right"), dict(lesion)]}
+    with_f = render(material, spec, 192)
+    without = render(material, spec, 192, drop=1)
+    diff = np.abs(with_f["image"].astype(np.float32) - without["image"].astype(np.float32))
+    boxes = with_f["boxes"][1]
+    assert boxes, "no box for a drawn finding"
+    inside = np.zeros(diff.shape, bool)
+    for x, y, w, h in boxes:
+        inside[y:y + h, x:x + w] = True
+    assert diff[inside].mean() > 2.0  # the lesion is visible (grey levels)
+    assert diff[inside].mean() > 5 * max(diff[~inside].mean(), 0.05)
+    assert diff[~inside].sum() < 0.25 * diff.sum()  # the change lies in the boxes
+    assert with_f["boxes"][0] == without["boxes"][0]  # the other finding did not move
+
+
+def test_cardiomegaly_and_heart_box(material):
+    for k, sev in enumerate(("borderline", "mild", "moderate", "severe")):
+        spec = {"seed": 2, "k": k, "view": "PA", "findings": [V.finding("cardiomegaly", severity=sev)]}
+        big, normal = render(material, spec, 128), render(material, spec, 128, drop=0)
+        assert big["ctr"] > 0.5 > normal["ctr"]
+        ((_, _, w, _),) = big["boxes"][0]
+        assert w > 0.3 * 128
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_deterministic_and_independent_of_workers(tmp_path, material):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    generate(a, 8, seed=9, source="both", size=96, dicom=True, workers=1, progress=False)
+    generate(b, 8, seed=9, source="both", size=96, dicom=True, workers=2, progress=False)
+    generate(c, 8, seed=10, source="both", size=96, dicom=False, workers=2, progress=False)
+    da, db = _tree_digest(a), _tree_digest(b)
+    assert da == db and len(da) > 8 * 3
+    dc = _tree_digest(c)
+    assert da["mimic-cxr-2.0.0-metadata.csv.gz"] != dc["mimic-cxr-2.0.0-metadata.csv.gz"]
+
+
+def test_every_chex5_positive_has_sentence_and_box(phantom):
+    df = read_mimic_cxr_jpg(phantom, views=None).set_index("dicom_id")
+    gt = read_ground_truth(phantom).set_index("dicom_id")
+    labels = pd.read_csv(phantom / "mimic-cxr-2.0.0-chexpert.csv.gz", dtype={"subject_id": str, "study_id": str})
+    labels = labels.set_index("study_id")
+    checked = 0
+    for dicom_id, row in gt.iterrows():
+        lab = labels.loc[row["study_id"]]
+        for name in CHEX5:
+            findings = [f for f in row["findings"] if f["chexpert"] == name]
+            if lab[name] == 1.0:
+                checked += 1
+                assert findings, (dicom_id, name)
+                for f in findings:
+                    assert f["sentence"] and f["sentence"] in df.loc[dicom_id, "sentences"], (name, f["sentence"])
+                    assert len(f["boxes"]) >= 1, (dicom_id, name)
+            else:
+                assert not findings  # image and labels agree: nothing drawn that the labels deny
+    assert checked >= 3
+    assert set(labels.columns) == {"subject_id", *CHEXPERT_LABELS}
+
+
+def test_latent_classes_and_probabilities(material):
+    specs = [plan_study(material, "composed", 1, k) for k in range(300)]
+    classes = {s["latent_class"] for s in specs}
+    probs = [class_model_prob(material, "composed", c) for c in classes]
+    assert all(0 < p <= 1 for p in probs) and sum(probs) <= 1 + 1e-9
+    normal = class_model_prob(material, "composed", "normal")
+    assert 0.05 < normal < 0.2  # CheXpert rows with no positive label
+    assert class_model_prob(material, "both", "normal") > normal  # Open-i is ~39 % normal
+    assert any("pneumothorax" in c for c in classes)  # rare in Open-i, common enough here
+    fn = false_negative_rates(np.array([0.0, 0.01, 0.5]), batch=64)
+    assert fn["p_any"][0] == 0 and abs(fn["p_any"][1] - (1 - 0.99 ** 63)) < 1e-12 and fn["expected"][2] == 31.5
+
+
+def test_vocabulary_and_text_rules():
+    (f,) = V.parse_mesh("Pleural Effusion/right/small")
+    assert (f["name"], f["side"], f["size"]) == ("pleural_effusion", "right", "small")
+    assert V.parse_mesh("normal") == []
+    both = V.merge_findings(V.parse_mesh("Opacity/lung/base/left") + V.parse_mesh("Opacity/lung/base/right"))
+    assert V.latent_class(both) == "opacity:bilateral"
+    assert V.latent_class([V.finding("cardiomegaly"), V.finding("pneumothorax", side="left", side_stated=True)]) == \
+        "cardiomegaly|pneumothorax:left"
+    assert mention_state("No pleural effusion or pneumothorax.", "pneumothorax") == "neg"
+    assert mention_state("Small left pleural effusion.", "pleural_effusion") == "pos"
+    assert mention_state("The heart size is normal.", "cardiomegaly") == "neg"
+    assert sentence_side("Bibasilar atelectasis.") == "bilateral"
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert cli_main(["phantom", "--out", str(tmp_path / "x"), "--n", "0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--n" in err[0]
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    assert cli_main(["phantom", "--out", str(tmp_path / "full"), "--n", "2", "--quiet"]) == 1
+    assert "not empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["phantom", "--help"])
+    assert exc.value.code == 0
+    assert "examples:" in capsys.readouterr().out
