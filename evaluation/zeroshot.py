@@ -29,6 +29,7 @@ from sklearn.metrics import accuracy_score, roc_auc_score
 
 from medclr.data.labels import CHEX5
 from medclr.errors import MedclrError
+from medclr.prompts import CHEX5_PROMPTS, PromptSet
 
 __all__ = [
     "CHEX5",
@@ -42,18 +43,11 @@ __all__ = [
     "zero_shot_scores",
 ]
 
-#: class -> {"positive": [...], "negative": [...]}
-PromptSet = dict[str, dict[str, list[str]]]
-
-#: Table 2 of the sample-specific debiasing paper, verbatim (one prompt per side; the paper's
-#: table row names "effusion" is CheXpert's "Pleural Effusion").
-PAPER_PROMPTS: PromptSet = {
-    "Cardiomegaly": {"negative": ["Heart size normal"], "positive": ["Cardiomegaly"]},
-    "Edema": {"negative": ["No pulmonary edema"], "positive": ["Pulmonary edema"]},
-    "Pleural Effusion": {"negative": ["No pleural effusions"], "positive": ["Pleural effusions"]},
-    "Pneumonia": {"negative": ["No signs of pneumonia"], "positive": ["Findings suggesting pneumonia"]},
-    "Pneumothorax": {"negative": ["No pneumothorax"], "positive": ["Pneumothorax"]},
-}
+#: class -> {"positive": [...], "negative": [...]}; PAPER_PROMPTS is Table 2 of the sample-specific
+#: debiasing paper, verbatim (one prompt per side; the paper's row "effusion" is CheXpert's
+#: "Pleural Effusion"). One table for the whole project: it lives in ``medclr.prompts`` (the model
+#: side, which must not import ``evaluation``) and is re-exported here under its protocol name.
+PAPER_PROMPTS: PromptSet = CHEX5_PROMPTS
 
 
 class PromptFileError(MedclrError, ValueError):

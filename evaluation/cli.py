@@ -1,0 +1,112 @@
+"""`medclr eval`: zero-shot CheX5, MS-CXR grounding and retrieval, linear probe -> metrics.json + report.md.
+
+Only argparse at import time: the heavy modules load when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from medclr.errors import MedclrError
+
+EPILOG = """\
+examples:
+  medclr eval --checkpoint runs/dcl_lm --data phantom/ --out runs/dcl_lm/eval
+  medclr eval --checkpoint runs/dcl_lm --data work/manifest.parquet --out report/ --tasks zeroshot,grounding
+  medclr eval --checkpoint runs/dcl_lm --data /data/mimic-cxr-jpg --prompts my_prompts.yaml --max-images 1000
+
+--data is a manifest parquet (from `medclr prepare`; MS-CXR boxes are read from <stem>.mscxr.parquet
+beside it) or a MIMIC-CXR-JPG / CXR-Phantom root (MS_CXR_Local_Alignment_v*.csv inside it).
+Writes OUT/metrics.json, OUT/phrases.csv (per-phrase CNR, mIoU, retrieval ranks), OUT/report.md and
+OUT/figures/*.png. Tasks: zeroshot (CheX5 AUC/ACC, test split labels), grounding (CNR, mIoU per
+MS-CXR category), retrieval (RoIAlign box features vs phrases: R@10/50/100, MedR, Recall), probe
+(logistic regression on train-split embeddings, 1/10/100 % labels; t-SNE by latent class on the
+phantom). The protocol is pinned in docs/evaluation.md.
+
+prompt file (--prompts, YAML or JSON):
+  Cardiomegaly: {positive: [Cardiomegaly, The heart is enlarged], negative: Heart size normal}
+"""
+
+
+TASKS = ("zeroshot", "grounding", "retrieval", "probe")  # == evaluation.runner.TASKS (tested)
+
+
+def _tasks(value: str) -> list[str]:
+    names = [t.strip() for t in value.split(",") if t.strip()]
+    if not names or any(t not in TASKS for t in names):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(TASKS)}, got {value!r}")
+    return names
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return n
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a `medclr train` output directory")
+    parser.add_argument("--data", required=True, metavar="PATH", help="manifest parquet, or a MIMIC-CXR-JPG / phantom root")
+    parser.add_argument("--out", default="eval", metavar="DIR", help="output directory (default: ./eval)")
+    parser.add_argument("--split", default="test", choices=("test", "validate", "train"),
+                        help="manifest split for zero-shot and the probe's test side (default: test)")
+    parser.add_argument("--tasks", type=_tasks, default=None, metavar="LIST",
+                        help="comma-separated: zeroshot,grounding,retrieval,probe (default: all the data allows)")
+    parser.add_argument("--prompts", metavar="FILE", help="YAML/JSON prompt sets (default: the paper's CheX5 prompts)")
+    parser.add_argument("--max-images", type=_positive, metavar="N", help="seeded sample of N images of --split")
+    parser.add_argument("--max-train-images", type=_positive, default=2000, metavar="N",
+                        help="probe: seeded sample of N train-split images (default: 2000)")
+    parser.add_argument("--max-phrases", type=_positive, metavar="N", help="seeded sample of N MS-CXR phrases")
+    parser.add_argument("--mscxr-split", default="auto", choices=("auto", "all", "train", "validate", "test"),
+                        help="which MS-CXR phrases: auto = those on the evaluated --split images (default; no phrase "
+                        "on a training image), all = every phrase (the paper's 1,162 pairs, when training excluded "
+                        "MS-CXR images), or a split name of the MS-CXR file's own split column")
+    parser.add_argument("--batch-size", type=_positive, default=32, help="images per forward (default: 32)")
+    parser.add_argument("--workers", type=int, default=None, help="image-decoding workers (default: 0 on CPU, 4 on CUDA)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
+    parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the zero-shot CIs (default: 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every sample, bootstrap and control (default: 0)")
+    parser.add_argument("--compare", action="append", default=[], metavar="LABEL=METRICS_JSON",
+                        help="add another run's summary as a row of the report's Table 1 (repeatable), "
+                        "e.g. random=eval_random/metrics.json")
+    parser.add_argument("--no-figures", action="store_true", help="report.md without figures (faster)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # cheap checks first: a typo gets its one line before torch is even imported
+    if not os.path.exists(args.data):
+        raise MedclrError(f"--data {args.data!r}: no such file or directory (expected a manifest .parquet or a "
+                          "MIMIC-CXR-JPG / CXR-Phantom root)")
+    if not os.path.isdir(args.checkpoint):
+        raise MedclrError(f"--checkpoint {args.checkpoint!r}: no such directory (expected a `medclr train` output dir)")
+    if args.prompts is not None and not os.path.isfile(args.prompts):
+        raise MedclrError(f"--prompts {args.prompts!r}: no such file (expected a YAML or JSON prompt file)")
+    compare = {}
+    for item in args.compare:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not os.path.isfile(path):
+            raise MedclrError(f"--compare {item!r}: expected LABEL=PATH to an existing metrics.json")
+        compare[label] = path
+    import torch
+
+    from evaluation.runner import evaluate
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    workers = args.workers if args.workers is not None else (4 if device.startswith("cuda") else 0)
+    if workers < 0 or args.n_boot < 0:
+        raise MedclrError("--workers and --n-boot must be >= 0")
+    m = evaluate(args.checkpoint, args.data, args.out, tasks=args.tasks, split=args.split, prompts_file=args.prompts,
+                 max_images=args.max_images, max_train_images=args.max_train_images, max_phrases=args.max_phrases,
+                 mscxr_split=args.mscxr_split, batch_size=args.batch_size, workers=workers, device=device,
+                 n_boot=args.n_boot, seed=args.seed, figures=not args.no_figures, compare=compare)
+    s = m["summary"]
+    shown = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in s.items() if v is not None)
+    print(f"wrote {os.path.join(args.out, 'metrics.json')}: {shown} ({m['timing_s']['total']} s)")
+    return 0

@@ -1,0 +1,395 @@
+"""What `medclr eval` evaluates: the manifest rows, the MS-CXR phrases, labels and prompts, and the
+one encoding pass over their images (through :class:`Model`, the thin adapter over ``medclr.inference``).
+
+``--data`` is either
+
+* a manifest parquet (``medclr prepare`` / ``medclr phantom``), with its MS-CXR boxes in
+  ``<stem>.mscxr.parquet`` beside it when ``prepare --mscxr`` made one; or
+* a directory laid out as MIMIC-CXR-JPG (a CXR-Phantom root or the real data set): read with
+  :func:`medclr.data.readers.mimic.read_mimic_cxr_jpg` (every view) and the
+  ``MS_CXR_Local_Alignment_v*.csv`` inside it with :func:`medclr.data.readers.mscxr.read_mscxr`.
+
+MS-CXR rows are matched to manifest rows by ``dicom_id`` (never by a stored index, which may come
+from another manifest). One evaluation sample of grounding/retrieval is one PHRASE: the rows sharing
+``(dicom_id, label_text)``; its boxes stay separate here (the union is taken by the metric).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from evaluation import grounding as G
+from medclr.models.image import ImageFeatures
+
+from medclr.errors import MedclrError
+
+log = logging.getLogger(__name__)
+MSCXR_GLOB = "MS_CXR_Local_Alignment_v*.csv"
+GROUND_TRUTH_FILE = "phantom_ground_truth.parquet"  # written by `medclr phantom`
+
+
+@dataclass
+class EvalData:
+    """A manifest (``manifest.attrs["root"]`` = image root) and, when present, its MS-CXR boxes."""
+
+    manifest: pd.DataFrame
+    mscxr: pd.DataFrame | None
+    source: str
+    mscxr_source: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.manifest.attrs.get("root", "") or ".")
+
+    def image_path(self, index: int) -> str:
+        return str(self.root / self.manifest["image_path"].iat[int(index)])
+
+
+def _attach_mscxr(df: pd.DataFrame, boxes: pd.DataFrame, where: str, notes: list[str]) -> pd.DataFrame | None:
+    lookup = dict(zip(df["dicom_id"].astype(str), df["index"].astype(np.int64)))
+    boxes = boxes.copy()
+    boxes["dicom_id"] = boxes["dicom_id"].astype(str)
+    boxes["index"] = np.array([lookup.get(d, -1) for d in boxes["dicom_id"]], dtype=np.int64)
+    unmatched = int((boxes["index"] < 0).sum())
+    if unmatched == len(boxes):
+        raise MedclrError(f"{where}: none of its dicom_ids is in the manifest (wrong data set?)")
+    if unmatched:
+        notes.append(f"{unmatched} of {len(boxes)} MS-CXR boxes have no image in the manifest; left out")
+    return boxes[boxes["index"] >= 0].reset_index(drop=True)
+
+
+def load_eval_data(path: str | os.PathLike) -> EvalData:
+    """Read ``--data`` (manifest parquet or MIMIC-layout directory). Bad input: one clear MedclrError."""
+    p = Path(path).expanduser()
+    notes: list[str] = []
+    if p.is_dir():
+        from medclr.data.readers.mimic import read_mimic_cxr_jpg
+        from medclr.data.readers.mscxr import read_mscxr
+
+        if not (p / "files").is_dir():
+            raise MedclrError(f"{p}: not a manifest parquet nor a MIMIC-CXR-JPG / CXR-Phantom root (no files/ folder)")
+        df = read_mimic_cxr_jpg(p, views=None)
+        df.attrs["root"] = str(p.resolve())
+        found = sorted(p.glob(MSCXR_GLOB))
+        mscxr, msrc = None, None
+        if found:
+            msrc = str(found[-1])  # the newest version when several are there
+            mscxr = _attach_mscxr(df, read_mscxr(found[-1]), msrc, notes)
+        return attach_ground_truth(EvalData(df, mscxr, str(p), msrc, notes))
+    if p.is_file():
+        from medclr.data.manifest import read_manifest
+
+        df = read_manifest(p)
+        if not df.attrs.get("root"):
+            df.attrs["root"] = str(p.resolve().parent)
+        beside = p.with_name(p.stem + ".mscxr.parquet")
+        mscxr, msrc = None, None
+        if beside.is_file():
+            try:
+                boxes = pd.read_parquet(beside)
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises several types
+                raise MedclrError(f"{beside}: not a readable MS-CXR box table ({type(exc).__name__})") from None
+            need = {"dicom_id", "category_name", "label_text", "x", "y", "w", "h", "image_width", "image_height"}
+            if not need <= set(boxes.columns):
+                raise MedclrError(f"{beside}: MS-CXR box table lacks columns {sorted(need - set(boxes.columns))}")
+            if "phrase_id" not in boxes:
+                boxes["phrase_id"] = boxes.groupby(["dicom_id", "label_text"], sort=False).ngroup()
+            msrc = str(beside)
+            mscxr = _attach_mscxr(df, boxes, msrc, notes)
+        return attach_ground_truth(EvalData(df, mscxr, str(p), msrc, notes))
+    raise MedclrError(f"--data {str(p)!r}: no such file or directory (expected a manifest .parquet or a "
+                      "MIMIC-CXR-JPG / CXR-Phantom root)")
+
+
+def attach_ground_truth(data: EvalData) -> EvalData:
+    """CXR-Phantom: when the manifest lacks ``latent_class`` (``medclr prepare --mimic`` does not
+    carry it), join it by ``dicom_id`` from ``phantom_ground_truth.parquet`` in the image root."""
+    df = data.manifest
+    gt = data.root / GROUND_TRUTH_FILE
+    if "latent_class" in df.columns or not gt.is_file():
+        return data
+    try:
+        truth = pd.read_parquet(gt, columns=["dicom_id", "latent_class", "latent_class_prob"])
+    except Exception as exc:  # noqa: BLE001 - optional extra: a broken file only loses the latent-class probe
+        data.notes.append(f"{gt}: unreadable ({type(exc).__name__}); no latent-class probe")
+        return data
+    lookup = truth.drop_duplicates("dicom_id").set_index("dicom_id")
+    attrs = dict(df.attrs)
+    for col in ("latent_class", "latent_class_prob"):
+        df[col] = df["dicom_id"].astype(str).map(lookup[col])
+    df.attrs.update(attrs)
+    data.notes.append(f"latent classes (phantom ground truth) read from {gt}")
+    return data
+
+
+def top_classes(values: np.ndarray, k: int = 10, min_count: int = 5) -> list:
+    """The ``k`` most frequent values seen at least ``min_count`` times (ties: by value)."""
+    v = pd.Series(values).dropna().astype(str)
+    counts = v[v != ""].value_counts()
+    counts = counts[counts >= min_count]
+    return sorted(counts.index, key=lambda c: (-counts[c], c))[:k]
+
+
+# --------------------------------------------------------------------------- rows and labels
+
+
+def split_rows(data: EvalData, split: str, max_images: int | None = None, seed: int = 0) -> np.ndarray:
+    """Sorted manifest indices of ``split`` that have an image; a seeded sample of ``max_images``."""
+    df = data.manifest
+    if split not in ("train", "validate", "test"):
+        raise MedclrError(f"--split {split!r}: expected train, validate or test")
+    sel = (df["split"] == split) & (df["image_path"].astype(str) != "")
+    rows = df.loc[sel, "index"].to_numpy(np.int64)
+    if max_images is not None and 0 < max_images < rows.size:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, size=int(max_images), replace=False))
+    return rows
+
+
+def labels(data: EvalData, rows: np.ndarray, classes: list[str]) -> np.ndarray:
+    """(N, C) float labels (CheXpert coding 1/0/-1/NaN) of manifest ``rows``."""
+    missing = [c for c in classes if c not in data.manifest.columns]
+    if missing:
+        raise MedclrError(f"{data.source}: no label column(s) {missing} for the zero-shot classes")
+    return data.manifest.loc[rows, list(classes)].to_numpy(np.float64)
+
+
+def prompt_set(path: str | None):
+    """The user's prompt file (``evaluation.zeroshot.load_prompts``), else the paper's CheX5 prompts."""
+    from evaluation.zeroshot import PAPER_PROMPTS, load_prompts
+
+    if path is None:
+        return {c: {s: list(v) for s, v in sides.items()} for c, sides in PAPER_PROMPTS.items()}
+    return load_prompts(path)
+
+
+def has_two_label_values(y: np.ndarray) -> bool:
+    """Some class has both a 1 and a 0 (so an AUC is defined)."""
+    return bool(any(((y[:, j] == 1).any() and (y[:, j] == 0).any()) for j in range(y.shape[1])))
+
+
+# --------------------------------------------------------------------------- phrases
+
+
+@dataclass
+class Phrases:
+    """One row per MS-CXR phrase. ``boxes[k]`` is (n_k, 4) ``(x, y, w, h)`` in the pixels of the
+    MS-CXR file (``image_width`` x ``image_height``); :meth:`boxes_for` rescales them to the image
+    as it is read (MIMIC-CXR-JPG keeps the DICOM size, so usually a factor 1)."""
+
+    table: pd.DataFrame  # phrase_id, index, dicom_id, text, category, image_width, image_height, split
+    boxes: list[np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def boxes_for(self, k: int, height: int, width: int) -> np.ndarray:
+        row = self.table.iloc[k]
+        b = self.boxes[k].astype(np.float64).copy()
+        b[:, [0, 2]] *= width / float(row["image_width"])
+        b[:, [1, 3]] *= height / float(row["image_height"])
+        return b
+
+
+def phrases(data: EvalData, mscxr_split: str = "auto", max_phrases: int | None = None, seed: int = 0,
+            rows: np.ndarray | None = None) -> Phrases:
+    """Group MS-CXR boxes into phrases. ``mscxr_split``: "auto" keeps the phrases whose image is one
+    of the evaluated manifest ``rows`` (no phrase on a training image); "all" keeps every phrase
+    (the paper's 1,162 MS-CXR pairs, right when training excluded MS-CXR images, as BioViL's did);
+    a split name filters on the MS-CXR file's own ``split`` column (v1.0.0 files are all "test")."""
+    empty = Phrases(pd.DataFrame(columns=["phrase_id", "index", "dicom_id", "text", "category", "manifest_split"]), [])
+    m = data.mscxr
+    if m is None or m.empty:
+        return empty
+    if mscxr_split == "auto":
+        m = m[np.isin(m["index"].to_numpy(), np.asarray(rows if rows is not None else [], dtype=np.int64))]
+    elif mscxr_split != "all":
+        m = m[m["split"].astype(str) == mscxr_split]
+    groups = []
+    for (dicom, text), g in m.groupby(["dicom_id", "label_text"], sort=False):
+        first = g.iloc[0]
+        groups.append(({"phrase_id": int(first["phrase_id"]), "index": int(first["index"]), "dicom_id": str(dicom),
+                        "text": str(text), "category": str(first["category_name"]),
+                        "image_width": float(first["image_width"]), "image_height": float(first["image_height"]),
+                        "split": str(first.get("split", ""))}, g[["x", "y", "w", "h"]].to_numpy(np.float64)))
+    if max_phrases is not None and 0 < max_phrases < len(groups):
+        keep = np.sort(np.random.default_rng(seed).choice(len(groups), size=int(max_phrases), replace=False))
+        groups = [groups[i] for i in keep]
+    if not groups:
+        return empty
+    table = pd.DataFrame([g[0] for g in groups])
+    table["manifest_split"] = data.manifest["split"].to_numpy()[table["index"].to_numpy(np.int64)]
+    return Phrases(table.reset_index(drop=True), [g[1] for g in groups])
+
+
+def control_pairs(ph: Phrases, seed: int) -> np.ndarray:
+    """For each phrase, another phrase from a different image with a different text (seeded)."""
+    n = len(ph)
+    idx, text = ph.table["index"].to_numpy(), ph.table["text"].to_numpy()
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(n)
+    for _ in range(50):
+        bad = np.flatnonzero((idx[perm] == idx) | (text[perm] == text))
+        if bad.size == 0:
+            break
+        for k in bad:
+            j = int(rng.integers(n))
+            perm[k], perm[j] = perm[j], perm[k]
+    return perm
+
+
+# --------------------------------------------------------------------------- model adapter
+
+
+def _train_config_crop(checkpoint: Path) -> tuple[int | None, int | None]:
+    """(data.crop, data.resize) of the checkpoint's train_config.yaml, or (None, None)."""
+    path = checkpoint / "train_config.yaml"
+    if not path.is_file():
+        return None, None
+    try:
+        import yaml
+
+        d = (yaml.safe_load(path.read_text()) or {}).get("data", {}) or {}
+        crop, resize = d.get("crop"), d.get("resize")
+        return (int(crop), int(resize) if resize else None) if crop else (None, None)
+    except Exception:  # noqa: BLE001 - an unreadable side file: fall back to the checkpoint's own record
+        return None, None
+
+
+class Model:
+    """The few things evaluation needs from ``medclr.inference`` (one place to adapt)."""
+
+    def __init__(self, checkpoint: str | Path, device: str = "cpu") -> None:
+        from medclr.inference import load_checkpoint, read_checkpoint_info
+
+        size, resize = None, None
+        info = read_checkpoint_info(checkpoint)
+        if info.get("image_size") is None:  # training records its crop as data.crop in train_config.yaml
+            size, resize = _train_config_crop(Path(checkpoint))
+        self.engine = load_checkpoint(checkpoint, device=device, image_size=size, resize=resize)
+        self.model, self.pre, self.device = self.engine.model, self.engine.preprocess, self.engine.device
+        self.preprocess_source = "train_config.yaml data.crop/resize" if size else info.get("source", {}).get(
+            "image_size", "medclr.inference default")
+
+    def describe(self) -> dict[str, Any]:
+        head = self.model.head.to_config() if hasattr(self.model.head, "to_config") else {}
+        training = {}
+        state = Path(self.engine.checkpoint_dir or ".") / "trainer_state.json"
+        if state.is_file():  # what training recorded: the loss, how far it got, on which manifest
+            try:
+                st = json.loads(state.read_text())
+                training = {k: st.get(k) for k in ("loss", "step", "total_steps", "global_batch", "n_train",
+                                                    "last_loss", "manifest") if k in st}
+            except (OSError, ValueError):
+                pass
+        return {"training": training,"preprocess": {"image_size": int(self.pre.image_size), "resize": int(self.pre.resize_to),
+                               "source": self.preprocess_source},
+                "head": head, "joint_dim": int(self.model.joint_dim),
+                "image_arch": getattr(self.model.image_encoder, "arch", None)}
+
+    def geometry(self, height: int, width: int) -> G.CropGeometry:
+        return G.CropGeometry.from_resize_crop((int(height), int(width)), self.pre.resize_to, int(self.pre.image_size))
+
+    def loader(self, paths: list[str], batch_size: int, workers: int):
+        from medclr.inference import image_loader
+
+        return image_loader(paths, self.pre, batch_size=batch_size, num_workers=workers)
+
+    @torch.inference_mode()
+    def features(self, batch: torch.Tensor) -> ImageFeatures:
+        return self.engine.image_features(batch)
+
+    def zero_shot(self, feats: ImageFeatures, prompts) -> tuple[np.ndarray, np.ndarray]:
+        _classes, _prob, s_pos, s_neg = self.engine.zero_shot_scores(feats, prompts)
+        return s_pos, s_neg
+
+    @torch.inference_mode()
+    def texts(self, sentences: list[str]) -> torch.Tensor:
+        return torch.from_numpy(self.engine.embed_texts(list(sentences))).to(self.device)
+
+    @torch.inference_mode()
+    def region_scores(self, regions: torch.Tensor, text: torch.Tensor) -> np.ndarray:
+        """(T, h, w) region-sentence cosines of one image's regions (D, h, w)."""
+        r = regions[None].to(self.device)
+        feats = ImageFeatures(r, torch.nn.functional.normalize(r.mean((2, 3)), dim=-1))
+        return self.model.region_scores(feats, text).float()[0].cpu().numpy()
+
+    @torch.inference_mode()
+    def compared_regions(self, regions: torch.Tensor) -> torch.Tensor:
+        """The region features the head compares with sentences (non-local block for LSE+NL)."""
+        ctx = getattr(self.model.head, "contextualize", None)
+        r = regions.to(self.device)
+        return (ctx(r) if ctx is not None else r).float()
+
+
+# --------------------------------------------------------------------------- encoding pass
+
+
+@dataclass
+class Encoded:
+    rows: np.ndarray  # manifest indices encoded without error, sorted
+    glob: np.ndarray  # (N, D) unit global embeddings, in ``rows`` order
+    s_pos: np.ndarray | None  # (N, C) zero-shot scores with the positive / negative prompt sets
+    s_neg: np.ndarray | None
+    regions: dict[int, torch.Tensor] = field(default_factory=dict)  # index -> (D, h, w)
+    sizes: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> original (H, W)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Positions (in ``self.rows``) of the requested manifest rows that were encoded."""
+        pos = np.searchsorted(self.rows, rows)
+        ok = (pos < self.rows.size) & (self.rows[np.minimum(pos, self.rows.size - 1)] == rows)
+        return pos[ok]
+
+
+def encode(model: Model, data: EvalData, rows: np.ndarray, keep_regions: set[int], prompts, batch_size: int,
+           workers: int) -> Encoded:
+    rows = np.unique(rows)
+    paths = [data.image_path(i) for i in rows]
+    glob, pos, neg, ok_rows, failed = [], [], [], [], []
+    regions: dict[int, torch.Tensor] = {}
+    sizes: dict[int, tuple[int, int]] = {}
+    bar = tqdm(total=len(paths), desc="encode images", unit="img")
+    for batch in model.loader(paths, batch_size, workers):
+        ok = batch["ok"].numpy()
+        idx = rows[batch["i"].numpy()]
+        for i, good, err in zip(idx, ok, batch["error"]):
+            if not good:
+                failed.append({"index": int(i), "path": data.image_path(i), "error": err})
+        if ok.any():
+            feats = model.features(batch["tensor"][torch.from_numpy(ok)])
+            glob.append(feats.global_emb.float().cpu().numpy())
+            if prompts is not None:
+                sp, sn = model.zero_shot(feats, prompts)
+                pos.append(sp)
+                neg.append(sn)
+            good_idx = idx[ok]
+            hs = np.asarray(batch["height"])[ok]
+            ws = np.asarray(batch["width"])[ok]
+            for j, i in enumerate(good_idx):
+                sizes[int(i)] = (int(hs[j]), int(ws[j]))
+                if int(i) in keep_regions:
+                    regions[int(i)] = feats.regions[j].float().cpu().clone()
+            ok_rows.append(good_idx)
+        bar.update(len(idx))
+    bar.close()
+    if failed:
+        log.warning("%d image(s) could not be read and were left out (first: %s)", len(failed), failed[0]["error"])
+    cat = (lambda xs: np.concatenate(xs) if xs else None)  # noqa: E731
+    d = model.model.joint_dim
+    return Encoded(np.concatenate(ok_rows) if ok_rows else np.zeros(0, np.int64),
+                   cat(glob) if glob else np.zeros((0, d), np.float32), cat(pos), cat(neg), regions, sizes, failed)
+
+
+__all__ = ["EvalData", "Encoded", "Model", "encode", "Phrases", "attach_ground_truth", "control_pairs", "has_two_label_values", "labels", "load_eval_data", "phrases",
+           "prompt_set", "split_rows", "top_classes"]
