@@ -1,0 +1,357 @@
+"""The training package: configs, sampler, data, 2-process torchrun, exact resume after SIGKILL, bad input.
+
+Data: a tiny MIMIC-CXR-JPG tree written here (read by the real reader) with synthetic 32 px
+images, a bright disc for "effusion" studies, and reports that say so; a tiny BERT with its own
+WordPiece tokenizer saved to tmp_path. Training runs go through the real `medclr train` CLI in
+subprocesses (torchrun for the distributed one), with OMP_NUM_THREADS=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from medclr.data.labels import CHEXPERT_LABELS
+from medclr.errors import MedclrError
+
+REPO = Path(__file__).resolve().parents[1]
+FINDING = ["There is a small right pleural effusion.", "The heart size is normal."]
+NORMAL = ["No pleural effusion is seen.", "The lungs are clear."]
+TINY = ["preset=cpu_small", "data.resize=36", "data.crop=32", "data.cache_workers=1", "data.num_workers=0",
+        "model.max_length=16", "train.max_minutes=null", "log.every=1", "log.progress=false", "val.every=null",
+        "optim.warmup_steps=3", "optim.lr=3e-4", "optim.lr_text=3e-4", "seed=0"]
+
+
+def write_tiny_mimic(root: Path, n: int = 16, n_val: int = 4, size: int = 40) -> Path:
+    """A MIMIC-CXR-JPG tree: n train + n_val validate studies, one PA image each; even studies have an effusion."""
+    from medclr.data.readers.mimic import METADATA_COLUMNS
+
+    rng = np.random.default_rng(0)
+    meta, split, labels = [], [], []
+    yy, xx = np.mgrid[:size, :size]
+    for k in range(n + n_val):
+        subject, study, dicom = f"1{k:07d}", f"5{k:07d}", f"{k:08x}-0000-0000-0000-000000000000"
+        folder = root / "files" / f"p{subject[:2]}" / f"p{subject}" / f"s{study}"
+        folder.mkdir(parents=True, exist_ok=True)
+        finding = k % 2 == 0
+        img = 60 + 20 * rng.random((size, size))
+        if finding:  # a bright disc low on the image's left (the patient's right)
+            img[(yy - 0.7 * size) ** 2 + (xx - 0.3 * size) ** 2 < (0.2 * size) ** 2] = 230
+        Image.fromarray(img.astype(np.uint8)).save(folder / f"{dicom}.jpg", quality=95)
+        sents = FINDING if finding else NORMAL
+        (folder.parent / f"s{study}.txt").write_text(" FINDINGS: " + " ".join(sents) + "\n IMPRESSION: " + sents[0] + "\n")
+        meta.append({c: "" for c in METADATA_COLUMNS} | {"dicom_id": dicom, "subject_id": subject, "study_id": study,
+                                                         "ViewPosition": "PA", "Rows": size, "Columns": size})
+        split.append({"dicom_id": dicom, "study_id": study, "subject_id": subject,
+                      "split": "train" if k < n else "validate"})
+        labels.append({"subject_id": subject, "study_id": study, "Pleural Effusion": 1.0 if finding else 0.0})
+    pd.DataFrame(meta).to_csv(root / "mimic-cxr-2.0.0-metadata.csv.gz", index=False)
+    pd.DataFrame(split).to_csv(root / "mimic-cxr-2.0.0-split.csv.gz", index=False)
+    pd.DataFrame(labels, columns=["subject_id", "study_id", *CHEXPERT_LABELS]).to_csv(
+        root / "mimic-cxr-2.0.0-chexpert.csv.gz", index=False)
+    return root
+
+
+def write_tiny_bert(out: Path, sentences: list[str]) -> Path:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.train_from_iterator(sentences, trainers.WordPieceTrainer(
+        vocab_size=200, min_frequency=1, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+        show_progress=False))
+    cls, sep = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")
+    tk.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tok = BertTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                            sep_token="[SEP]", mask_token="[MASK]", model_max_length=32)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=32, pad_token_id=tok.pad_token_id)
+    BertForMaskedLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(manifest path, text model dir) shared by the module's tests."""
+    from medclr.data.manifest import write_manifest
+    from medclr.data.readers.mimic import read_mimic_cxr_jpg
+
+    base = tmp_path_factory.mktemp("tiny")
+    root = write_tiny_mimic(base / "mimic")
+    manifest = write_manifest(read_mimic_cxr_jpg(root), base / "manifest.parquet", root)
+    lm = write_tiny_bert(base / "lm", FINDING + NORMAL)
+    return manifest, lm
+
+
+def _env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def _train_cmd(config: str, manifest: Path, lm: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "medclr", "train", "--config", config, *TINY,
+            f"data.manifest={manifest}", f"model.text={lm}", f"out={out}", *extra]
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+# --------------------------------------------------------------------------- fast, in-process
+
+
+def test_sampler_global_batches_are_distinct_and_equal_per_rank():
+    from training.sampler import GlobalBatchSampler
+
+    n, gb, world = 23, 8, 2
+    per_rank = [iter(GlobalBatchSampler(n, gb, r, world, seed=3)) for r in range(world)]
+    for step in range(3 * (n // gb)):
+        parts = [next(it) for it in per_rank]
+        assert all(len(p) == gb // world for p in parts)
+        idx = [i for p in parts for _, i in p]
+        assert len(set(idx)) == gb, "an index appears twice in one global batch"
+        assert {e for p in parts for e, _ in p} == {step // (n // gb)}
+    # resuming at step 4 continues the same sequence
+    a = GlobalBatchSampler(n, gb, 1, world, seed=3)
+    b = GlobalBatchSampler(n, gb, 1, world, seed=3, start_step=4)
+    seq = [x for _, x in zip(range(6), iter(a))]
+    assert next(iter(b)) == seq[4]
+    with pytest.raises(MedclrError, match="not divisible"):
+        GlobalBatchSampler(n, 9, 0, 2)
+    with pytest.raises(MedclrError, match="fewer than"):
+        GlobalBatchSampler(5, 8)
+
+
+def test_config_layers_presets_and_overrides():
+    from training.config import load_config
+
+    cfg = load_config("dcl_0.05", ["data.manifest=m.parquet", "out=o", "optim.lr=1e-4", "train.batch_size=16"])
+    assert cfg["loss"] == {"name": "dcl", "eta_source": "none", "tau": 0.07, "eta": 0.05}
+    assert cfg["model"]["arch"] == "resnet18" and cfg["data"]["crop"] == 128  # cpu_small preset
+    assert cfg["optim"]["lr"] == 1e-4 and cfg["train"]["batch_size"] == 16
+    paper = load_config("nuclr", ["data.manifest=m", "out=o", "preset=paper"])
+    assert paper["optim"]["lr"] == 1e-5 and paper["optim"]["warmup_steps"] == 2000
+    assert paper["train"]["batch_size"] == 64 and paper["model"]["joint_dim"] == 128
+    assert paper["loss"]["tau"] == 0.01 and paper["loss"]["gamma"] == 0.8 and paper["loss"]["freeze_zeta_epochs"] == 5
+
+
+@pytest.mark.parametrize("config, overrides, message", [
+    ("infonce", ["loss.name=nope"], "loss.name 'nope': unknown loss"),
+    ("dcl_lm", [], "data.eta: loss dcl_lm with eta_source=lm needs an eta table"),
+    ("dcl_lm", ["data.eta=/nonexistent/eta.parquet"], "eta table not found"),
+    ("infonce", ["optim.lrr=1"], "'optim.lrr' is unknown (did you mean 'optim.lr'?)"),
+    ("infonce", ["loss.temperature=1"], "not an argument of loss infonce"),
+    ("infonce", ["train.batch_size=abc"], "expected a number"),
+    ("nope", [], "no such file"),
+])
+def test_bad_config_is_one_clear_line(config, overrides, message):
+    from training.config import load_config
+
+    with pytest.raises(MedclrError, match=re.escape(message)):
+        load_config(config, ["data.manifest=m.parquet", "out=o", *overrides])
+
+
+def test_dataset_is_a_function_of_seed_epoch_index(tiny, tmp_path):
+    from medclr.lm.eta import TABLE_COLUMNS, write_eta_table
+    from medclr.data.text import sentence_hash
+    from training.config import load_config
+    from training.data import PairDataset, load_table
+
+    manifest, _ = tiny
+    sents = FINDING + NORMAL + [FINDING[0]]  # repeated sentences: the table has one row per distinct sentence
+    eta = pd.DataFrame({"sentence_hash": [sentence_hash(s) for s in sents[:4]], "sentence": sents[:4], "count": 1,
+                        "n_tokens": 5, "n_scored": 5, "pll": -1.0, "pll_per_token": -0.2, "eta": [0.1, 0.2, 0.3, 0.4]})
+    write_eta_table(eta[TABLE_COLUMNS], tmp_path / "eta.parquet", {})
+    cfg = load_config("dcl_lm", [*TINY, f"data.manifest={manifest}", f"data.eta={tmp_path / 'eta.parquet'}", "out=o"])
+    table = load_table(cfg)
+    assert len(table) == 16
+    ds = PairDataset(table, cfg)
+    a, b = ds[(2, 5)], ds[(2, 5)]
+    assert torch.equal(a["image"], b["image"]) and a["sentence"] == b["sentence"] and a["image"].shape == (1, 32, 32)
+    want = dict(zip(sents[:4], [0.1, 0.2, 0.3, 0.4]))
+    for e in range(6):  # eta follows the sentence drawn
+        item = ds[(e, 3)]
+        assert item["eta"] == pytest.approx(want[item["sentence"]])
+    assert not torch.equal(ds[(0, 5)]["image"], ds[(1, 5)]["image"])  # a new crop each epoch
+    assert torch.equal(ds[5]["image"], ds[5]["image"])                  # the eval view is fixed
+
+    # dcl_true: eta = the pair's ground-truth class probability (manifest column latent_class_prob)
+    from medclr.data.manifest import read_manifest, write_manifest
+
+    df = read_manifest(manifest)
+    df["latent_class_prob"] = np.where(df["index"] % 2 == 0, 0.25, 0.5)
+    truth = write_manifest(df, tmp_path / "truth.parquet", df.attrs["root"])
+    cfg = load_config("dcl_true", [*TINY, f"data.manifest={truth}", "out=o"])
+    ds = PairDataset(load_table(cfg), cfg)
+    assert [ds[(0, i)]["eta"] for i in range(4)] == [0.25, 0.5, 0.25, 0.5]
+
+
+# --------------------------------------------------------------------------- subprocess runs
+
+
+def test_torchrun_two_processes_nuclr_learns_and_saves_tables(tiny, tmp_path):
+    manifest, lm = tiny
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "medclr",
+           *_train_cmd("nuclr", manifest, lm, out, "train.batch_size=16", "train.max_steps=10", "ckpt.every=5",
+                       "ckpt.keep_last=1", "loss.freeze_zeta_epochs=0", "loss.tau=0.1")[3:]]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [m["loss"] for m in _metrics(out) if "loss" in m]
+    assert len(losses) == 10
+    assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.1, losses
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["world_size"] == 2 and state["step"] == 10 and state["n_train"] == 16
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000010"]  # keep_last=1 pruned step 5
+    assert {f"rng_rank{r}.pt" for r in (0, 1)} <= {p.name for p in (out / "checkpoints" / "step-0000010").iterdir()}
+    tables = _tensors(out / "checkpoints" / "step-0000010" / "loss_state.safetensors")
+    for name in ("u_img", "u_txt", "zeta_img", "zeta_txt"):
+        assert tables[name].shape == (16,)
+    assert torch.isfinite(tables["u_img"]).all()  # every sample visited (the global batch is the whole set)
+    assert not torch.equal(tables["zeta_txt"], torch.full((16,), -0.05))  # zeta learned after the (zero) freeze
+    assert int(tables["step"]) == 10
+    from medclr.models import DualEncoder
+
+    model = DualEncoder.from_pretrained(out)  # OUT itself is the checkpoint
+    assert model.joint_dim == 128
+
+
+def _cli(argv: list[str]) -> int:
+    """`medclr ...` in this process, single-threaded like the subprocesses (bitwise-comparable floats)."""
+    from medclr.cli import main
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng():
+            return main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys):
+    manifest, lm = tiny
+    n_steps = 3
+    args = ("train.batch_size=8", f"train.max_steps={2 * n_steps}", f"ckpt.every={n_steps}", "ckpt.keep_last=5",
+            "loss.freeze_zeta_epochs=0")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    # The straight 2N-step run and the resumed run go through the CLI in this process (saves two
+    # interpreter start-ups); the run that is killed must be a real process.
+    assert _cli(_train_cmd("nuclr", manifest, lm, straight, *args)[3:]) == 0
+
+    victim = subprocess.Popen(_train_cmd("nuclr", manifest, lm, killed, *args), env=_env(), cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = killed / "checkpoints" / f"step-{n_steps:07d}"
+    deadline = time.monotonic() + 120
+    while not target.is_dir() and victim.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    victim.send_signal(signal.SIGKILL)  # right after the step-N checkpoint is renamed into place
+    victim.wait(timeout=30)
+    assert victim.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert target.is_dir() and not (killed / "checkpoints" / f"step-{2 * n_steps:07d}").exists()
+
+    assert _cli(_train_cmd("nuclr", manifest, lm, killed, *args)[3:] + ["--resume"]) == 0
+    for name in ("model.safetensors", "loss_state.safetensors"):
+        a, b = _tensors(straight / name), _tensors(killed / name)
+        assert a.keys() == b.keys()
+        for k in a:  # "resumable to the bit": same single-threaded CPU kernels, same data, same RNG streams
+            assert torch.equal(a[k], b[k]), (name, k, float((a[k].double() - b[k].double()).abs().max()))
+    tables = _tensors(killed / "loss_state.safetensors")
+    assert {"u_img", "u_txt", "zeta_img", "zeta_txt"} <= tables.keys() and int(tables["step"]) == 2 * n_steps
+    la = [m["loss"] for m in _metrics(straight) if "loss" in m]
+    lb = [m["loss"] for m in _metrics(killed) if "loss" in m]
+    assert len(lb) == 2 * n_steps and la == lb  # metrics.jsonl: the killed run's extra lines were dropped
+
+    # a data set of another size is refused with one line, before any work
+    from medclr.data.manifest import read_manifest, write_manifest
+
+    df = read_manifest(manifest)
+    smaller = write_manifest(df.iloc[2:], tmp_path / "smaller.parquet", df.attrs["root"])
+    capsys.readouterr()
+    assert _cli(_train_cmd("nuclr", smaller, lm, killed, *args)[3:] + ["--resume"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dataset size mismatch" in err[0] and "16 pairs" in err[0] and "now has 14" in err[0]
+
+
+def test_missing_text_model_and_existing_run_are_refused(tiny, tmp_path):
+    import shutil
+
+    from training.config import load_config
+    from training.loop import preflight
+
+    manifest, lm = tiny
+    common = [*TINY, "train.batch_size=8", f"out={tmp_path / 'o'}"]
+    # model.text unset: the default is lm/ next to the manifest (the demo's layout) ...
+    cfg = load_config("infonce", [*common, f"data.manifest={manifest}"])
+    assert preflight(cfg, None, 1).text_model == str(lm)
+    # ... and without one there, one line says what to do
+    alone = shutil.copy(manifest, tmp_path / "manifest.parquet")
+    cfg = load_config("infonce", [*common, f"data.manifest={alone}"])
+    with pytest.raises(MedclrError, match="run `medclr lm fit` or pass model.text=DIR"):
+        preflight(cfg, None, 1)
+    cfg = load_config("dcl_true", [*common, f"data.manifest={manifest}"])
+    with pytest.raises(MedclrError, match="latent_class_prob"):
+        preflight(cfg, None, 1)
+    cfg = load_config("infonce", [*common, f"data.manifest={manifest}", "train.batch_size=32"])
+    with pytest.raises(MedclrError, match="16 usable pairs, fewer than train.batch_size 32"):
+        preflight(cfg, None, 1)
+    cfg = load_config("infonce", [*common, f"data.manifest={manifest}"])
+    with pytest.raises(MedclrError, match="no checkpoint"):
+        preflight(cfg, "auto", 1)
+
+
+@pytest.mark.slow
+def test_phantom_dcl_true_and_dcl_lm_train(tmp_path):
+    """On real CXR-Phantom output: prepare -> ground truth -> dcl_true, and an eta table -> dcl_lm."""
+    from medclr.data.manifest import write_manifest
+    from medclr.data.readers.mimic import read_mimic_cxr_jpg
+    from medclr.data.text import sentence_hash
+    from medclr.lm.eta import TABLE_COLUMNS, write_eta_table
+    from medclr.phantom import attach_ground_truth
+
+    ph = tmp_path / "phantom"
+    proc = subprocess.run([sys.executable, "-m", "medclr", "phantom", "--out", str(ph), "--n", "48", "--size", "64",
+                           "--seed", "1", "--quiet"], env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    df = attach_ground_truth(read_mimic_cxr_jpg(ph, views=None), ph)
+    manifest = write_manifest(df, tmp_path / "manifest.parquet", ph)
+    sents = sorted({s for ss in df["sentences"] for s in ss})
+    lm = write_tiny_bert(tmp_path / "lm", sents)
+    eta = pd.DataFrame({"sentence_hash": [sentence_hash(s) for s in sents], "sentence": sents, "count": 1,
+                        "n_tokens": 5, "n_scored": 5, "pll": -5.0, "pll_per_token": -1.0,
+                        "eta": np.linspace(0.01, 0.3, len(sents))})
+    write_eta_table(eta[TABLE_COLUMNS], tmp_path / "eta.parquet", {})
+    for config in ("dcl_true", "dcl_lm"):
+        out = tmp_path / config
+        cmd = _train_cmd(config, manifest, lm, out, "train.batch_size=8", "train.max_steps=4", "val.every=0",
+                         f"data.eta={tmp_path / 'eta.parquet'}")
+        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])["train"]
+        assert summary["steps"] == 4 and np.isfinite(summary["last_loss"])
+        assert (out / "model.safetensors").is_file() and (out / "preprocess.json").is_file()

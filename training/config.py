@@ -1,0 +1,296 @@
+"""Training configs: YAML files with `extends`, presets, key=value overrides, and a schema check.
+
+Resolution order (later wins):  base.yaml < preset_<preset>.yaml < method.yaml (and whatever it
+extends, minus base) < command-line overrides. ``configs/base.yaml`` is the schema: a key it
+does not list is an error (with a suggestion), except inside ``loss:``, whose keys are the
+chosen loss's constructor arguments and are checked by ``medclr.losses.build_loss``.
+
+Everything here is cheap (no torch), so a bad config fails with one line before any work.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import inspect
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from medclr.errors import MedclrError
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+ROOT_CONFIG = "base"
+# Keys of the `loss:` section that the trainer consumes itself; the rest go to build_loss.
+TRAINER_LOSS_KEYS = ("name", "eta_source", "freeze_zeta_epochs", "zeta_lr_schedule")
+ETA_SOURCES = ("none", "lm", "true")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+def available_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.startswith("preset_"))
+
+
+def find_config(name: str | os.PathLike, relative_to: Path | None = None) -> Path:
+    """A config by path, or by name in training/configs (``dcl_lm`` -> configs/dcl_lm.yaml)."""
+    raw = str(name)
+    candidates = [Path(raw).expanduser()]
+    if relative_to is not None:
+        candidates.append(relative_to / raw)
+        candidates.append(relative_to / f"{raw}.yaml")
+    candidates.append(CONFIG_DIR / f"{raw}.yaml")
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    raise MedclrError(f"config {raw!r}: no such file, and not a config name (names: {', '.join(available_configs())})")
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MedclrError(f"config {str(path)!r}: cannot be read as YAML ({first})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise MedclrError(f"config {str(path)!r}: expected a mapping of keys at the top level")
+    return data
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _layers(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[Path, dict]]:
+    """[(path, mapping)] from the root of the `extends` chain down to `path` (depth first)."""
+    if path in chain:
+        raise MedclrError(f"config {str(path)!r}: `extends` loops back to itself")
+    data = _read_yaml(path)
+    parents = data.pop("extends", None)
+    parents = [] if parents is None else ([parents] if isinstance(parents, str) else list(parents))
+    out: list[tuple[Path, dict]] = []
+    for p in parents:
+        for layer in _layers(find_config(p, path.parent), chain + (path,)):
+            if layer[0] not in [q for q, _ in out]:
+                out.append(layer)
+    out.append((path, data))
+    return out
+
+
+def _parse_value(text: str) -> Any:
+    # YAML 1.1 reads "1e-4" as a string; numbers are tried first so lr=1e-4 works.
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """['optim.lr=1e-4', 'out=runs/a'] -> {'optim': {'lr': 0.0001}, 'out': 'runs/a'}."""
+    out: dict = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise MedclrError(f"override {item!r}: expected key=value, e.g. optim.lr=1e-4 or out=runs/a")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise MedclrError(f"override {item!r}: {part!r} is set twice as a value and a section")
+        node[parts[-1]] = _parse_value(value)
+    return out
+
+
+def _suggest(key: str, known: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {prefix + close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+
+
+def _coerce(value: Any, default: Any, where: str) -> Any:
+    """Give `value` the type of its schema default where that is unambiguous."""
+    if value is None or default is None or isinstance(default, str) or value == "auto":
+        return value
+    if isinstance(default, bool):
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off"):
+            return value.lower() in ("true", "yes", "on")
+        if not isinstance(value, bool):
+            raise MedclrError(f"config {where}: expected true or false, got {value!r}")
+        return value
+    if isinstance(default, (int, float)):
+        if isinstance(value, str):
+            value = _parse_value(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise MedclrError(f"config {where}: expected a number, got {value!r}")
+        if isinstance(default, int) and not isinstance(default, bool):
+            if float(value) != int(value):
+                raise MedclrError(f"config {where}: expected a whole number, got {value!r}")
+            return int(value)
+        return float(value)
+    if isinstance(default, list) and not isinstance(value, list):
+        raise MedclrError(f"config {where}: expected a list like {default!r}, got {value!r}")
+    return value
+
+
+def _check_keys(cfg: dict, schema: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in cfg.items():
+        where = f"{prefix}{key}"
+        if key not in schema:
+            raise MedclrError(f"config key {where!r} is unknown{_suggest(str(key), list(schema), prefix)}")
+        default = schema[key]
+        if isinstance(default, dict) and where != "loss":
+            if not isinstance(value, dict):
+                raise MedclrError(f"config {where}: expected a section of keys, got {value!r}")
+            out[key] = _check_keys(value, default, where + ".")
+        else:
+            out[key] = _coerce(value, default, where)
+    return out
+
+
+def load_config(config: str | os.PathLike, overrides: list[str] | None = None) -> dict:
+    """Resolve a config name/path plus overrides into one validated dict (no file outside configs is read)."""
+    path = find_config(config)
+    layers = _layers(path)
+    root = find_config(ROOT_CONFIG)
+    schema = _read_yaml(root)
+    schema.pop("extends", None)
+    over = parse_overrides(overrides)
+    merged_method: dict = {}
+    for p, data in layers:
+        if p != root:
+            merged_method = deep_merge(merged_method, data)
+    preset = over.get("preset", merged_method.get("preset", schema.get("preset")))
+    preset = "none" if preset is None else str(preset)
+    preset_path = CONFIG_DIR / f"preset_{preset}.yaml"
+    if not preset_path.is_file():
+        names = sorted(p.stem[len("preset_"):] for p in CONFIG_DIR.glob("preset_*.yaml"))
+        raise MedclrError(f"config preset {preset!r}: unknown (presets: {', '.join(names)})")
+    cfg = deep_merge(schema, _read_yaml(preset_path))
+    cfg = deep_merge(cfg, merged_method)
+    cfg = deep_merge(cfg, over)
+    cfg = _check_keys(cfg, schema)
+    cfg["preset"] = preset
+    cfg["config_path"] = str(path)
+    return validate(cfg)
+
+
+def _positive_int(cfg: dict, dotted: str, allow_none: bool = False, minimum: int = 1) -> None:
+    sec, key = dotted.split(".")
+    v = cfg[sec][key]
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise MedclrError(f"config {dotted}: expected a whole number >= {minimum}, got {v!r}")
+
+
+def validate(cfg: dict) -> dict:
+    """Cheap semantic checks: required keys, enumerations, ranges, loss name and arguments."""
+    if not cfg.get("out"):
+        raise MedclrError("config out: not set; pass out=DIR (the run's output / checkpoint directory)")
+    if not cfg["data"].get("manifest"):
+        raise MedclrError("config data.manifest: not set; pass data.manifest=PATH (from `medclr prepare`)")
+    for dotted in ("data.resize", "data.crop", "train.batch_size", "log.every", "ckpt.every", "ckpt.keep_last"):
+        _positive_int(cfg, dotted)
+    _positive_int(cfg, "train.max_steps", allow_none=True, minimum=0)
+    _positive_int(cfg, "val.every", allow_none=True, minimum=0)
+    _positive_int(cfg, "val.max_images", minimum=0)
+    _positive_int(cfg, "optim.warmup_steps", minimum=0)
+    if cfg["data"]["crop"] > cfg["data"]["resize"]:
+        raise MedclrError(f"config data.crop {cfg['data']['crop']} is larger than data.resize {cfg['data']['resize']}")
+    from training.data import cache_mode
+
+    cfg["data"]["cache"] = cache_mode(cfg["data"]["cache"])
+    if cfg["data"]["cache_dtype"] not in ("uint8", "float16", "float32"):
+        raise MedclrError(f"config data.cache_dtype {cfg['data']['cache_dtype']!r}: expected uint8, float16 or float32")
+    nw = cfg["data"]["num_workers"]
+    if nw != "auto" and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 0):
+        raise MedclrError(f"config data.num_workers {nw!r}: expected auto or a whole number >= 0")
+    if cfg["train"]["precision"] not in PRECISIONS:
+        raise MedclrError(f"config train.precision {cfg['train']['precision']!r}: expected one of {', '.join(PRECISIONS)}")
+    dev = str(cfg["train"]["device"])
+    if not (dev in ("auto", "cpu") or dev.startswith("cuda")):
+        raise MedclrError(f"config train.device {dev!r}: expected auto, cpu or cuda")
+    if cfg["model"]["head"] not in ("cosine", "lse_nl"):
+        raise MedclrError(f"config model.head {cfg['model']['head']!r}: expected cosine or lse_nl")
+    if cfg["train"]["epochs"] is None and cfg["train"]["max_steps"] is None:
+        raise MedclrError("config train: set train.epochs or train.max_steps")
+    if cfg["train"]["max_minutes"] is not None and cfg["train"]["max_minutes"] <= 0:
+        raise MedclrError(f"config train.max_minutes {cfg['train']['max_minutes']!r}: expected a positive number")
+    if not 0.0 <= cfg["optim"]["min_lr_ratio"] <= 1.0:
+        raise MedclrError(f"config optim.min_lr_ratio {cfg['optim']['min_lr_ratio']!r}: expected a number in [0, 1]")
+    if (cfg["data"]["eta_a"] is None) != (cfg["data"]["eta_k"] is None):
+        raise MedclrError("config data.eta_a / data.eta_k: set both (eta = a * exp(k * pll)) or neither")
+    _validate_loss(cfg)
+    return cfg
+
+
+def loss_kwargs(cfg: dict) -> dict:
+    """The `loss:` keys that go to build_loss (the trainer's own keys removed)."""
+    return {k: v for k, v in cfg["loss"].items() if k not in TRAINER_LOSS_KEYS}
+
+
+def _validate_loss(cfg: dict) -> None:
+    from medclr.losses import LOSSES  # the registry; importing it is cheap next to a training run
+
+    loss = cfg["loss"]
+    name = str(loss.get("name", "")).strip().lower()
+    if name not in LOSSES:
+        raise MedclrError(f"config loss.name {loss.get('name')!r}: unknown loss; expected one of {', '.join(LOSSES)}")
+    loss["name"] = name
+    src = loss.get("eta_source", "none")
+    src = "true" if src is True else ("none" if src in (None, False) else str(src).lower())
+    if src not in ETA_SOURCES:
+        raise MedclrError(f"config loss.eta_source {loss.get('eta_source')!r}: expected one of {', '.join(ETA_SOURCES)}")
+    loss["eta_source"] = src
+    if name == "dcl_lm" and src == "none":
+        raise MedclrError("config loss: dcl_lm needs per-pair eta; set loss.eta_source=lm (eta table) or true (phantom)")
+    if src == "lm":
+        eta = cfg["data"].get("eta")
+        if not eta:
+            raise MedclrError(f"config data.eta: loss {name} with eta_source=lm needs an eta table; "
+                              "run `medclr lm score` and pass data.eta=PATH/eta.parquet")
+        if not Path(eta).expanduser().is_file():
+            raise MedclrError(f"config data.eta {str(eta)!r}: eta table not found (make it with `medclr lm score`)")
+    # Constructor arguments: names are checked here, values by the loss itself when it is built.
+    params = inspect.signature(LOSSES[name].__init__).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    known = [k for k in params if k not in ("self", "num_samples")]
+    for key in loss_kwargs(cfg):
+        if not accepts_any and key not in known:
+            raise MedclrError(f"config loss.{key}: not an argument of loss {name}{_suggest(key, known, 'loss.')}")
+    if "freeze_zeta_epochs" in loss and "freeze_zeta_steps" not in params:
+        raise MedclrError(f"config loss.freeze_zeta_epochs: loss {name} has no zeta to freeze")
+    if "zeta_lr_schedule" in loss:
+        if "zeta_lr" not in params:
+            raise MedclrError(f"config loss.zeta_lr_schedule: loss {name} has no zeta step size to schedule")
+        if loss["zeta_lr_schedule"] not in ("constant", "cosine"):
+            raise MedclrError(f"config loss.zeta_lr_schedule {loss['zeta_lr_schedule']!r}: expected constant or cosine")
+    if "freeze_zeta_epochs" in loss and "freeze_zeta_steps" in loss:
+        raise MedclrError("config loss: set freeze_zeta_epochs or freeze_zeta_steps, not both")
+
+
+def needs_num_samples(name: str) -> bool:
+    from medclr.losses import LOSSES
+
+    return "num_samples" in inspect.signature(LOSSES[name].__init__).parameters
+
+
+def dump_yaml(cfg: dict) -> str:
+    return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None)

@@ -1,0 +1,291 @@
+"""Training data: manifest rows -> (image crop, one report sentence, dataset index, eta) batches.
+
+* The unit of text is one sentence: every step draws one sentence of the pair's report (as the
+  debiasing and BioViL papers do), and the pair's eta is that sentence's eta.
+* Images: the deterministic part (read with medclr.io.read_image, resize the shorter side) is
+  cached by ``monai.data.CacheDataset``; the random part (crop, brightness, contrast, gamma)
+  runs after the cache. No flips: reports name the side ("right pleural effusion").
+* Exact resume: all data randomness is a pure function of (seed, epoch, dataset index), so it
+  does not depend on the number of loader workers, their seeds, or where a run was resumed.
+  The sampler yields (epoch, index) keys and the dataset derives its RNGs from them.
+* "Dataset index" = the row's position 0..n-1 in the training split (the per-sample loss
+  tables are sized n); ``TrainTable.manifest_index`` maps it back to the manifest's ``index``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from medclr.errors import MedclrError
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"uint8": torch.uint8, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class TrainTable:
+    """The rows of one split that can be trained on."""
+
+    paths: list[str]                # absolute image paths
+    sentences: list[list[str]]
+    eta: list[np.ndarray] | None    # per row: eta per sentence (lm) or one value (true); None = no eta
+    manifest_index: np.ndarray      # manifest `index` of each row
+    labels: np.ndarray | None       # CheX5 labels (rows x 5) for validation, else None
+    fingerprint: str                # identifies the rows (resume checks it)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+def _fingerprint(df) -> str:
+    h = hashlib.sha1()
+    for idx, path, sents in zip(df["index"], df["image_path"], df["sentences"]):
+        h.update(f"{int(idx)}\t{path}\t{len(sents)}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def read_manifest_split(manifest: str | Path, split: str):
+    """(manifest rows of `split` that have an image and at least one sentence, the full manifest)."""
+    from medclr.data.manifest import read_manifest
+
+    df = read_manifest(Path(manifest).expanduser())
+    rows = df[df["split"] == split]
+    if rows.empty:
+        raise MedclrError(f"{manifest}: no rows with split == {split!r} (splits: {sorted(set(df['split']))})")
+    usable = rows[(rows["image_path"].astype(str) != "") & (rows["sentences"].map(len) > 0)]
+    if len(usable) < len(rows):
+        log.info("%s split %s: %d of %d rows have no image or no sentence and are skipped",
+                 manifest, split, len(rows) - len(usable), len(rows))
+    if usable.empty:
+        raise MedclrError(f"{manifest}: split {split!r} has no row with both an image and a sentence")
+    return usable.reset_index(drop=True), df
+
+
+def _eta_from_table(rows, cfg: dict) -> list[np.ndarray]:
+    from medclr.lm.eta import apply_eta, join_eta, read_eta_table
+
+    path = Path(cfg["data"]["eta"]).expanduser()
+    table, meta = read_eta_table(path)
+    if cfg["data"]["eta_a"] is not None:
+        table, clipped = apply_eta(table, a=float(cfg["data"]["eta_a"]), k=float(cfg["data"]["eta_k"]),
+                                   norm=meta.get("norm", "sum"), eta_max=float(cfg["data"]["eta_max"]))
+        log.info("eta recomputed from pll with a=%s, k=%s (%d clipped at %s)", cfg["data"]["eta_a"],
+                 cfg["data"]["eta_k"], clipped, cfg["data"]["eta_max"])
+    try:
+        per_row = join_eta(rows, table)
+    except MedclrError as exc:
+        raise MedclrError(f"eta table {str(path)!r}: {exc}") from None
+    flat = np.concatenate(per_row) if per_row else np.zeros(0)
+    if flat.size and (np.isnan(flat).any() or flat.min() < 0 or flat.max() >= 1):
+        raise MedclrError(f"eta table {str(path)!r}: eta must lie in [0, 1) for every sentence "
+                          f"(found min {np.nanmin(flat):.3g}, max {np.nanmax(flat):.3g})")
+    return [np.asarray(a, dtype=np.float32) for a in per_row]
+
+
+def _eta_true(rows, manifest: str) -> list[np.ndarray]:
+    col = "latent_class_prob"
+    if col not in rows:
+        raise MedclrError(f"{manifest}: loss.eta_source=true needs the manifest column {col!r} "
+                          "(CXR-Phantom ground truth: medclr.phantom.attach_ground_truth)")
+    p = rows[col].to_numpy(dtype=np.float64)
+    if np.isnan(p).any() or p.min() < 0 or p.max() >= 1:
+        raise MedclrError(f"{manifest}: column {col!r} must hold class probabilities in [0, 1) on every training row")
+    return [np.asarray([v], dtype=np.float32) for v in p]
+
+
+def load_table(cfg: dict, split: str | None = None, eta: bool = True) -> TrainTable:
+    """The training (or validation) rows of the configured manifest, with eta when the loss needs it."""
+    from medclr.data.labels import CHEX5
+
+    manifest = cfg["data"]["manifest"]
+    split = split or cfg["data"]["split"]
+    rows, _ = read_manifest_split(manifest, split)
+    root = Path(rows.attrs.get("root", "") or "")
+    paths = [str(root / p) for p in rows["image_path"]]
+    src = cfg["loss"]["eta_source"] if eta else "none"
+    eta_rows = None
+    if src == "lm":
+        eta_rows = _eta_from_table(rows, cfg)
+    elif src == "true":
+        eta_rows = _eta_true(rows, manifest)
+    labels = None
+    if all(c in rows for c in CHEX5):
+        labels = rows[list(CHEX5)].to_numpy(dtype=np.float64)
+    return TrainTable(paths=paths, sentences=[list(s) for s in rows["sentences"]], eta=eta_rows,
+                      manifest_index=rows["index"].to_numpy(dtype=np.int64), labels=labels,
+                      fingerprint=_fingerprint(rows))
+
+
+def check_images_exist(table: TrainTable, manifest: str) -> None:
+    missing = [p for p in table.paths if not Path(p).is_file()]
+    if missing:
+        raise MedclrError(f"{manifest}: {len(missing)} of {len(table)} images are missing (first: {missing[0]}); "
+                          "is the manifest's image root still there?")
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+def cache_mode(value) -> str:
+    """data.cache: ram (CacheDataset, every image in memory), disk (PersistentDataset, one .pt per
+    image, for sets too large for RAM or shared by runs), none (read + resize at every access)."""
+    mode = {True: "ram", False: "none", None: "none"}.get(value, value) if isinstance(value, (bool, type(None))) \
+        else str(value).lower()
+    if mode not in ("ram", "disk", "none"):
+        raise MedclrError(f"config data.cache {value!r}: expected ram, disk or none")
+    return mode
+
+
+def _load_resize_transform(resize: int, cache_dtype: str):
+    from monai.transforms import MapTransform, Resize
+
+    class LoadRadiographd(MapTransform):
+        """Read a radiograph (medclr.io.read_image: [0, 1], air dark) and resize its shorter side.
+
+        A MONAI Transform (not a plain function) so that CacheDataset caches its output: the
+        cache stops at the first item that is random *or not a Transform*.
+        """
+
+        def __init__(self) -> None:
+            super().__init__(keys=("image",))
+
+        def __call__(self, item: dict) -> dict:
+            from medclr.io import read_image
+
+            img = read_image(item["image"])
+            h, w = img.shape
+            s = resize / min(h, w)
+            size = (max(resize, round(h * s)), max(resize, round(w * s)))
+            # area averaging when shrinking (no aliasing), bilinear when enlarging
+            mode = "area" if s < 1 else "bilinear"
+            x = Resize(spatial_size=size, mode=mode, dtype=torch.float32)(torch.from_numpy(img)[None])
+            x = torch.as_tensor(x).clamp_(0.0, 1.0)
+            if cache_dtype == "uint8":
+                x = (x * 255.0).round_().to(torch.uint8)
+            else:
+                x = x.to(_DTYPES[cache_dtype])
+            return {**item, "image": x}
+
+    return LoadRadiographd()
+
+
+def _random_transform(crop: int, aug: dict):
+    from monai.transforms import (
+        Compose,
+        RandAdjustContrast,
+        RandScaleIntensityFixedMean,
+        RandShiftIntensity,
+        RandSpatialCrop,
+    )
+
+    prob = float(aug.get("prob", 0.5))
+    ts = [RandSpatialCrop(roi_size=(crop, crop), random_size=False)]
+    if aug.get("brightness"):
+        ts.append(RandShiftIntensity(offsets=float(aug["brightness"]), prob=prob))
+    if aug.get("contrast"):
+        ts.append(RandScaleIntensityFixedMean(factors=float(aug["contrast"]), prob=prob))
+    if aug.get("gamma"):
+        ts.append(RandAdjustContrast(gamma=tuple(float(g) for g in aug["gamma"]), prob=prob))
+    return Compose(ts)
+
+
+def _to_float(x: torch.Tensor) -> torch.Tensor:
+    x = torch.as_tensor(x)
+    return x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+
+
+def _plain(x) -> torch.Tensor:
+    # MONAI returns MetaTensors; batches of plain tensors are cheaper to collate and pin.
+    return x.as_tensor() if hasattr(x, "as_tensor") else torch.as_tensor(x)
+
+
+class PairDataset(torch.utils.data.Dataset):
+    """Cached images + sentences. ``ds[(epoch, i)]`` is a random training view of pair i;
+    ``ds[i]`` (an int) is the deterministic view (centre crop, first sentence) for evaluation."""
+
+    def __init__(self, table: TrainTable, cfg: dict, cache_progress: bool = False) -> None:
+        from monai.data import CacheDataset
+        from monai.transforms import CenterSpatialCrop, Compose
+
+        self.table, self.seed = table, int(cfg["seed"])
+        d = cfg["data"]
+        self.crop = int(d["crop"])
+        self.random = _random_transform(self.crop, d.get("aug") or {})
+        self.center = CenterSpatialCrop(roi_size=(self.crop, self.crop))
+        # resize/dtype ride along in each item so that the disk cache's key (a hash of the item)
+        # changes when they do; PersistentDataset would otherwise serve stale sizes.
+        items = [{"image": p, "resize": int(d["resize"]), "dtype": d["cache_dtype"]} for p in table.paths]
+        load = Compose([_load_resize_transform(int(d["resize"]), d["cache_dtype"])])
+        mode = cache_mode(d["cache"])
+        try:
+            if mode == "disk":
+                from monai.data import PersistentDataset
+
+                cache_dir = Path(d["cache_dir"] or Path(cfg["out"]) / "image_cache").expanduser()
+                cache_dir.mkdir(parents=True, exist_ok=True)
+                self.images = PersistentDataset(items, transform=load, cache_dir=cache_dir)
+            else:
+                self.images = CacheDataset(items, transform=load, cache_rate=1.0 if mode == "ram" else 0.0,
+                                           num_workers=int(d["cache_workers"]), progress=cache_progress,
+                                           copy_cache=False)
+        except Exception as exc:  # MONAI wraps a failed read in RuntimeError: surface our one line
+            cause = exc
+            while cause is not None and not isinstance(cause, MedclrError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is not None:
+                raise MedclrError(f"caching training images: {cause}") from None
+            raise
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def _eta(self, i: int, j: int) -> float | None:
+        if self.table.eta is None:
+            return None
+        e = self.table.eta[i]
+        return float(e[j] if e.shape[0] > 1 else e[0])
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            epoch, i = int(key[0]), int(key[1])
+            # Two independent streams per (seed, epoch, item): the sentence and the image view.
+            ss = np.random.SeedSequence([self.seed, epoch, i])
+            s_seed, t_seed = ss.generate_state(2)
+            j = int(np.random.default_rng(int(s_seed)).integers(len(self.table.sentences[i])))
+            img = _to_float(self.images[i]["image"])
+            self.random.set_random_state(seed=int(t_seed))
+            img = _plain(self.random(img)).clamp_(0.0, 1.0)
+        else:
+            i, j = int(key), 0
+            img = _plain(self.center(_to_float(self.images[i]["image"])))
+        return {"image": img.contiguous(), "sentence": self.table.sentences[i][j], "index": i, "eta": self._eta(i, j)}
+
+
+class Collate:
+    """List of items -> batch; tokenises here (in the loader workers) with the text encoder's own rules."""
+
+    def __init__(self, text_encoder) -> None:
+        # Only what TextEncoder.tokenize reads, so the collate pickles without the model.
+        self.proxy = SimpleNamespace(tokenizer=text_encoder.tokenizer, max_length=text_encoder.max_length,
+                                     strip_punctuation=text_encoder.strip_punctuation)
+
+    def __call__(self, items: list[dict]) -> dict:
+        from medclr.models.text import TextEncoder
+
+        sentences = [it["sentence"] for it in items]
+        etas = [it["eta"] for it in items]
+        return {
+            "images": torch.stack([it["image"] for it in items]),
+            "tokens": TextEncoder.tokenize(self.proxy, sentences),
+            "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
+            "eta": None if any(e is None for e in etas) else torch.tensor(etas, dtype=torch.float32),
+            "sentences": sentences,
+        }

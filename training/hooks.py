@@ -1,0 +1,185 @@
+"""Run-time reporting: progress bar, JSON-lines metrics, optional TensorBoard, and the validation hook.
+
+Only rank 0 reports. ``OUT/metrics.jsonl`` gets one JSON object per logging step
+(``{"step", "epoch", "loss", "lr", "pairs_per_s", "elapsed_s"}``) and one per validation
+(``{"step", "val/...": ...}``). On resume, lines beyond the resumed step (written by the killed
+run after its last checkpoint) are dropped, so the file reads as one uninterrupted run.
+
+Validation calls the evaluation package when it is installed (CheX5 zero-shot AUC with the
+paper's prompts, image->report retrieval); without it only the positive-pair cosine is logged.
+It is RNG-neutral (fork_rng, eval mode), so validating never changes what training does next.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from medclr.errors import MedclrError
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLogger:
+    def __init__(self, out: Path, cfg: dict, enabled: bool, start_step: int, total_steps: int) -> None:
+        self.enabled = enabled
+        self.path = Path(out) / "metrics.jsonl"
+        self.tb = None
+        self.bar = None
+        if not enabled:
+            return
+        self._truncate(start_step)
+        if cfg["log"]["tensorboard"]:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise MedclrError("log.tensorboard=true needs the tensorboard package (pip install tensorboard)") from None
+            self.tb = SummaryWriter(str(Path(out) / "tensorboard"))
+        progress = cfg["log"]["progress"]
+        show = sys.stderr.isatty() if progress in ("auto", None) else bool(progress)
+        if show:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+
+    def _truncate(self, start_step: int) -> None:
+        if not self.path.is_file():
+            return
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if int(json.loads(line).get("step", 0)) <= start_step:
+                    keep.append(line)
+            except (ValueError, AttributeError):
+                continue
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        tmp.replace(self.path)
+
+    def set_total(self, total: int) -> None:
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record, default=float) + "\n")
+        if self.tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb.add_scalar(k if "/" in k else f"train/{k}", v, record["step"])
+        if self.bar is None and "loss" in record:
+            log.info("step %d  loss %.4f  lr %.3g  %.1f pairs/s", record["step"], record["loss"], record["lr"],
+                     record.get("pairs_per_s", float("nan")))
+
+    def advance(self, n: int, postfix: dict | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class Validator:
+    """Embeds a fixed subset of the validation split and scores it (rank 0 only)."""
+
+    def __init__(self, cfg: dict, device: torch.device, amp_dtype) -> None:
+        self.cfg, self.device, self.amp_dtype = cfg, device, amp_dtype
+        self.ds = None
+        self.unavailable = None
+
+    def _dataset(self):
+        if self.ds is None and self.unavailable is None:
+            from training.data import PairDataset, load_table
+
+            try:
+                table = load_table(self.cfg, split=self.cfg["data"]["val_split"], eta=False)
+            except MedclrError as exc:
+                self.unavailable = str(exc)
+                log.info("validation skipped: %s", exc)
+                return None
+            k = min(len(table), int(self.cfg["val"]["max_images"]))
+            for f in ("paths", "sentences"):
+                setattr(table, f, getattr(table, f)[:k])
+            table.manifest_index = table.manifest_index[:k]
+            table.labels = None if table.labels is None else table.labels[:k]
+            self.ds = PairDataset(table, self.cfg)
+        return self.ds
+
+    @torch.no_grad()
+    def __call__(self, model) -> dict:
+        ds = self._dataset()
+        if ds is None or len(ds) < 2:
+            return {}
+        was_training = model.training
+        model.eval()
+        devices = [self.device] if self.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                return self._score(model, ds)
+        finally:
+            model.train(was_training)
+
+    def _embed_images(self, model, ds) -> np.ndarray:
+        out = []
+        for i in range(0, len(ds), 64):
+            x = torch.stack([ds[j]["image"] for j in range(i, min(len(ds), i + 64))]).to(self.device)
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                out.append(model.encode_image(x).global_emb.float().cpu())
+        return torch.cat(out).numpy()
+
+    def _embed_texts(self, model, texts: list[str]) -> np.ndarray:
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            return model.text_encoder.encode(texts, batch_size=128).float().cpu().numpy()
+
+    def _score(self, model, ds) -> dict:
+        t0 = time.perf_counter()
+        img = self._embed_images(model, ds)
+        table = ds.table
+        flat = [s for sents in table.sentences for s in sents]
+        emb = self._embed_texts(model, flat)
+        # Report embedding = normalised mean of its sentence embeddings.
+        bounds = np.cumsum([0] + [len(s) for s in table.sentences])
+        rep = np.stack([emb[a:b].mean(0) for a, b in zip(bounds[:-1], bounds[1:])])
+        rep /= np.linalg.norm(rep, axis=1, keepdims=True).clip(1e-12)
+        img_n = img / np.linalg.norm(img, axis=1, keepdims=True).clip(1e-12)
+        scores = img_n @ rep.T
+        res: dict = {"val/pos_cosine": float(np.mean(np.diag(scores))),
+                     "val/neg_cosine": float((scores.sum() - np.trace(scores)) / max(1, scores.size - len(scores)))}
+        try:
+            from evaluation.retrieval import retrieval_metrics
+
+            r = retrieval_metrics(scores, ks=(1, 5, 10))
+            res.update({f"val/i2t_{k}": float(v) for k, v in r.items()})
+        except ImportError:
+            pass
+        if table.labels is not None:
+            try:
+                from evaluation.zeroshot import PAPER_PROMPTS, zero_shot_metrics, zero_shot_scores
+            except ImportError:
+                PAPER_PROMPTS = None
+            if PAPER_PROMPTS is not None:
+                from medclr.data.labels import CHEX5
+
+                prompts = {c: (self._embed_texts(model, PAPER_PROMPTS[c]["positive"]),
+                               self._embed_texts(model, PAPER_PROMPTS[c]["negative"])) for c in CHEX5}
+                pos, neg = zero_shot_scores(img, prompts, classes=CHEX5)
+                m = zero_shot_metrics(pos, neg, table.labels, classes=CHEX5, n_boot=0)
+                res["val/chex5_auc"] = m["macro"]["AUC"]
+                res.update({f"val/auc/{c}": m["per_class"][c]["AUC"] for c in CHEX5})
+        res["val/seconds"] = round(time.perf_counter() - t0, 2)
+        return res

@@ -1,0 +1,333 @@
+"""The training loop: pre-flight checks, model/loss/data/optimizer setup, steps, checkpoints, resume.
+
+What the loss sees: the image tower's global embedding and the text tower's sentence embedding
+(B x D each, cast to float32); every medclr loss scores embeddings (its own all-gather makes the
+candidates global under DDP, and its sum(local rows) * W / B reduction makes DDP's gradient
+average the exact full-batch gradient, so no world-size factor appears here). The similarity
+head is saved with the model but not trained: with model.head=lse_nl it stays at its
+initialisation (identity non-local block + LSE pooling), see docs/training.md.
+
+Exactness of resume rests on three things: data randomness is a function of (seed, epoch,
+index) (training/data.py); the sampler position is the step (training/sampler.py); everything
+else (model, optimizer, scheduler incl. a time-budget step count, scaler, loss tables, RNGs)
+is in the checkpoint (training/checkpoint.py). The DataLoader gets its own torch.Generator so
+creating an iterator never consumes the global RNG that dropout draws from.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from medclr.errors import MedclrError
+from training import checkpoint as ckpt_mod
+from training.config import dump_yaml, loss_kwargs, needs_num_samples
+from training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table
+from training.distributed import DistEnv, all_reduce_mean, average_grads, barrier, broadcast_object, cleanup, env_world, setup
+from training.hooks import MetricsLogger, Validator
+from training.optim import WarmupCosine, build_optimizer, param_groups, zeta_lr_at
+from training.sampler import GlobalBatchSampler
+
+log = logging.getLogger(__name__)
+
+
+class TwoTower(nn.Module):
+    """The part DDP wraps: images -> global embedding, tokens -> sentence embedding."""
+
+    def __init__(self, image_encoder: nn.Module, text_encoder: nn.Module) -> None:
+        super().__init__()
+        self.image_encoder, self.text_encoder = image_encoder, text_encoder
+
+    def forward(self, images: torch.Tensor, tokens: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.image_encoder(images).global_emb, self.text_encoder(**tokens).embedding
+
+
+@dataclass
+class Plan:
+    cfg: dict
+    out: Path
+    text_model: str
+    table: TrainTable
+    resume: Path | None
+    resume_state: dict | None
+    steps_per_epoch: int
+    total_steps: int
+
+
+def resolve_text_model(cfg: dict) -> str:
+    text = cfg["model"]["text"]
+    if text:
+        p = Path(str(text)).expanduser()
+        return str(p.resolve()) if p.exists() else str(text)  # else a cached hub id; the encoder checks
+    default = Path(cfg["data"]["manifest"]).expanduser().resolve().parent / "lm"
+    if (default / "config.json").is_file():
+        return str(default)
+    raise MedclrError(f"model.text is not set and {default} holds no language model: run `medclr lm fit` "
+                      "or pass model.text=DIR (a Hugging Face BERT directory)")
+
+
+def preflight(cfg: dict, resume: str | None, world_size: int) -> Plan:
+    """Every check that can fail on bad input, before any model is built or image cached."""
+    out = Path(cfg["out"]).expanduser().resolve()
+    text_model = resolve_text_model(cfg)
+    table = load_table(cfg)
+    n, gb = len(table), int(cfg["train"]["batch_size"])
+    if gb % world_size:
+        raise MedclrError(f"train.batch_size {gb} (the global batch) is not divisible by the {world_size} processes")
+    if n < gb:
+        raise MedclrError(f"the {cfg['data']['split']} split has {n} usable pairs, fewer than train.batch_size {gb}")
+    spe = n // gb
+    total = int(cfg["train"]["max_steps"]) if cfg["train"]["max_steps"] is not None else \
+        max(1, round(float(cfg["train"]["epochs"]) * spe))
+    ckpt, state = None, None
+    if resume is not None:
+        ckpt = ckpt_mod.resolve_resume(resume, out)
+        state = ckpt_mod.read_trainer_state(ckpt)
+        if int(state.get("n_train", -1)) != n:
+            raise MedclrError(f"--resume {ckpt}: dataset size mismatch: the checkpoint was trained on "
+                              f"{state.get('n_train')} pairs, the {cfg['data']['split']} split now has {n}")
+        if state.get("fingerprint") != table.fingerprint:
+            raise MedclrError(f"--resume {ckpt}: the {cfg['data']['split']} rows differ from the ones the "
+                              "checkpoint was trained on (same size, other images/reports)")
+        if int(state.get("global_batch", -1)) != gb:
+            raise MedclrError(f"--resume {ckpt}: train.batch_size {gb} differs from the checkpoint's "
+                              f"{state.get('global_batch')} (the sampler position would not match)")
+        if state.get("loss") != cfg["loss"]["name"]:
+            raise MedclrError(f"--resume {ckpt}: loss {cfg['loss']['name']} differs from the checkpoint's {state.get('loss')}")
+        total = int(state["total_steps"])
+    elif ckpt_mod.latest_checkpoint(out) is not None:
+        raise MedclrError(f"out {out} already holds a training run ({ckpt_mod.latest_checkpoint(out).name}); "
+                          "pass --resume to continue it, or choose another out")
+    check_images_exist(table, cfg["data"]["manifest"])
+    return Plan(cfg, out, text_model, table, ckpt, state, spe, total)
+
+
+def _amp(cfg: dict, device: torch.device):
+    p = cfg["train"]["precision"]
+    if p == "auto":
+        p = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[p]
+
+
+def _num_workers(cfg: dict, env: DistEnv) -> int:
+    nw = cfg["data"]["num_workers"]
+    if nw != "auto":
+        return int(nw)
+    if env.device.type != "cuda":
+        return 0  # on a CPU the model needs every core; cached crops are cheap to make inline
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return max(1, min(8, (os.cpu_count() or 2) // local_world - 1))
+
+
+def train(cfg: dict, resume: str | None = None) -> dict:
+    """Run (or resume) one training; under torchrun every rank calls this. Returns a summary."""
+    _, world, _ = env_world()
+    plan = preflight(cfg, resume, world)
+    env = setup(str(cfg["train"]["device"]), timeout_s=1800.0)
+    try:
+        return _run(plan, env)
+    finally:
+        cleanup()
+
+
+def _build(plan: Plan, env: DistEnv):
+    from medclr.losses import build_loss
+    from medclr.models import build_dual_encoder
+
+    cfg, m = plan.cfg, plan.cfg["model"]
+    seed = int(cfg["seed"])
+    torch.manual_seed(seed)  # identical initialisation on every rank
+    channels_last = env.device.type == "cuda" if m["channels_last"] == "auto" else bool(m["channels_last"])
+    model = build_dual_encoder(plan.text_model, arch=m["arch"], joint_dim=int(m["joint_dim"]), head=m["head"],
+                               image_pretrained=m["image_pretrained"], projector=m["projector"],
+                               channels_last=channels_last, pooling=m["pooling"], max_length=int(m["max_length"]))
+    if m["head"] != "cosine":
+        log.warning("model.head=%s: the losses score global embeddings, so this head is saved untrained", m["head"])
+    kwargs = loss_kwargs(cfg)
+    if needs_num_samples(cfg["loss"]["name"]):
+        kwargs["num_samples"] = len(plan.table)
+    if "freeze_zeta_epochs" in cfg["loss"]:
+        kwargs["freeze_zeta_steps"] = int(round(float(cfg["loss"]["freeze_zeta_epochs"]) * plan.steps_per_epoch))
+        if kwargs["freeze_zeta_steps"] >= plan.total_steps and env.is_main:
+            log.warning("loss.freeze_zeta_epochs=%s covers the whole run (%d steps): zeta is never updated "
+                        "(short runs: pass loss.freeze_zeta_epochs=1 or 0)", cfg["loss"]["freeze_zeta_epochs"],
+                        plan.total_steps)
+    loss = build_loss(cfg["loss"]["name"], **kwargs)
+    torch.manual_seed(seed + 7919 * env.rank)  # per-rank dropout streams from here on
+    return model.to(env.device), loss.to(env.device)
+
+
+def _run(plan: Plan, env: DistEnv) -> dict:
+    cfg, out = plan.cfg, plan.out
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers fork after the tokenizer is used
+    if env.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt_mod.clean_stale(out)
+    model, loss = _build(plan, env)
+    tower = TwoTower(model.image_encoder, model.text_encoder)
+    o = cfg["optim"]
+    groups = param_groups(model, loss, [tower], float(o["lr"]), None if o["lr_text"] is None else float(o["lr_text"]),
+                          float(o["weight_decay"]))
+    optimizer = build_optimizer(groups, cfg, env.device)
+    schedule = WarmupCosine(int(o["warmup_steps"]), plan.total_steps, float(o["min_lr_ratio"]))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    amp_dtype = _amp(cfg, env.device)
+    scaler = torch.amp.GradScaler(env.device.type) if amp_dtype == torch.float16 else None
+
+    ds = PairDataset(plan.table, cfg, cache_progress=env.is_main and cfg["log"]["progress"] is True)
+    sampler = GlobalBatchSampler(len(ds), int(cfg["train"]["batch_size"]), env.rank, env.world_size, int(cfg["seed"]))
+    step, state = 0, {"budget_fixed": cfg["train"]["max_minutes"] is None, "elapsed_s": 0.0}
+    if plan.resume is not None:
+        state = ckpt_mod.load_checkpoint(plan.resume, model=model, loss=loss, optimizer=optimizer,
+                                         scheduler=scheduler, scaler=scaler, env=env)
+        step = int(state["step"])
+        if not state.get("rng_restored"):
+            log.warning("resume: no RNG state for rank %d (world size changed?); dropout will differ", env.rank)
+        if env.is_main:
+            log.info("resumed from %s at step %d of %d", plan.resume, step, plan.total_steps)
+    sampler.step = step
+    total = plan.total_steps
+    schedule.total = total
+
+    runner: nn.Module = tower
+    if env.enabled:
+        runner = nn.parallel.DistributedDataParallel(
+            tower, device_ids=[env.device.index] if env.device.type == "cuda" else None, gradient_as_bucket_view=True)
+    if cfg["train"]["compile"]:
+        runner = torch.compile(runner)
+    nw = _num_workers(cfg, env)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_sampler=sampler, num_workers=nw, collate_fn=Collate(model.text_encoder),
+        pin_memory=env.device.type == "cuda", persistent_workers=nw > 0, prefetch_factor=4 if nw else None,
+        generator=torch.Generator().manual_seed(int(cfg["seed"])))
+
+    metrics = MetricsLogger(out, cfg, env.is_main, step, total)
+    validator = Validator(cfg, env.device, amp_dtype) if (cfg["val"]["every"] is not None and env.is_main) else None
+    clip = float(o["grad_clip"] or 0.0)
+    all_params = [p for g in optimizer.param_groups for p in g["params"]]
+    loss_params = [p for p in loss.parameters() if p.requires_grad]
+    zeta_sched = cfg["loss"].get("zeta_lr_schedule")
+    zeta_base = (getattr(loss, "zeta_lr", None), getattr(loss, "zeta_lr_img", None))
+    freeze = int(getattr(loss, "freeze_zeta_steps", 0))
+    gb = int(cfg["train"]["batch_size"])
+    model.train()
+    loss.train()
+
+    def trainer_state(last_loss: float | None) -> dict:
+        epoch, k = sampler.position(step)
+        return {"step": step, "epoch": epoch, "batch_in_epoch": k, "total_steps": total,
+                "budget_fixed": state["budget_fixed"], "elapsed_s": elapsed(), "steps_per_epoch": plan.steps_per_epoch,
+                "n_train": len(ds), "fingerprint": plan.table.fingerprint, "global_batch": gb,
+                "world_size": env.world_size, "seed": int(cfg["seed"]), "loss": cfg["loss"]["name"],
+                "manifest": str(cfg["data"]["manifest"]), "text_model": plan.text_model, "last_loss": last_loss,
+                "torch": torch.__version__, "config": cfg}
+
+    t_run = time.perf_counter()
+    elapsed0 = float(state.get("elapsed_s", 0.0))
+
+    def elapsed() -> float:
+        return elapsed0 + time.perf_counter() - t_run
+
+    def save(last_loss: float | None) -> None:
+        ckpt_mod.save_checkpoint(out=out, step=step, model=model, loss=loss, optimizer=optimizer, scheduler=scheduler,
+                                 scaler=scaler, trainer_state=trainer_state(last_loss), config_yaml=dump_yaml(cfg),
+                                 preprocess=(int(cfg["data"]["crop"]), int(cfg["data"]["resize"])), env=env,
+                                 keep_last=int(cfg["ckpt"]["keep_last"]), barrier=lambda: barrier(env))
+        if env.is_main:
+            print(f"checkpoint {ckpt_mod.step_dir(out, step)}", flush=True)
+
+    def validate() -> dict:
+        res = validator(model) if validator is not None else {}
+        if res:
+            metrics.write({"step": step, **res})
+        barrier(env)
+        return res
+
+    start_step, last_loss, val_res = step, None, {}
+    window = (time.perf_counter(), step)
+    first_done_t = None
+    it = iter(loader)
+    try:
+        while step < total:
+            batch = next(it)
+            images = batch["images"].to(env.device, non_blocking=True)
+            tokens = {k: v.to(env.device, non_blocking=True) for k, v in batch["tokens"].items()}
+            index = batch["index"].to(env.device, non_blocking=True)
+            eta = batch["eta"].to(env.device, non_blocking=True) if batch["eta"] is not None else None
+            if zeta_sched and zeta_base[0] is not None:
+                loss.zeta_lr = zeta_lr_at(step, zeta_base[0], freeze, total, zeta_sched)
+                loss.zeta_lr_img = zeta_lr_at(step, zeta_base[1], freeze, total, zeta_sched)
+            with torch.autocast(env.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                img_emb, txt_emb = runner(images, tokens)
+            # exps/logs in float32: the losses upcast and disable autocast themselves; be explicit anyway
+            value = loss(img_emb.float(), txt_emb.float(), index=index, eta=eta)
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(value).backward()
+                scaler.unscale_(optimizer)
+            else:
+                value.backward()
+            average_grads(loss_params, env)
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(all_params, clip)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            scheduler.step()
+            step += 1
+            if first_done_t is None:
+                first_done_t = (time.perf_counter(), step)  # the first step pays one-off costs
+
+            if not state["budget_fixed"] and step - first_done_t[1] >= 5:
+                total = _fix_budget(cfg, env, step, first_done_t, elapsed(), total)
+                schedule.total, state["budget_fixed"] = total, True
+                metrics.set_total(total)
+
+            metrics.advance(1)
+            if step % int(cfg["log"]["every"]) == 0 or step == total:
+                last_loss = float(all_reduce_mean(value.detach().float(), env))
+                if not math.isfinite(last_loss):
+                    raise MedclrError(f"loss became {last_loss} at step {step}; lower optim.lr or check the data")
+                now = time.perf_counter()
+                rate = (step - window[1]) * gb / max(now - window[0], 1e-9)
+                window = (now, step)
+                epoch, _ = sampler.position(step - 1)
+                metrics.write({"step": step, "epoch": epoch, "loss": last_loss, "lr": scheduler.get_last_lr()[0],
+                               "pairs_per_s": round(rate, 2), "elapsed_s": round(elapsed(), 1)})
+                metrics.advance(0, {"loss": f"{last_loss:.4f}", "pairs/s": f"{rate:.1f}"})
+            val_every = cfg["val"]["every"]
+            if val_every and step % int(val_every) == 0 and step < total:
+                validate()
+            if step % int(cfg["ckpt"]["every"]) == 0 and step < total:
+                save(last_loss)
+        if step > start_step or plan.resume is None:
+            if cfg["val"]["every"] is not None:
+                val_res = validate()
+            save(last_loss)
+    finally:
+        metrics.close()
+    run_s = time.perf_counter() - t_run
+    return {"out": str(out), "steps": step, "start_step": start_step, "total_steps": total, "last_loss": last_loss,
+            "pairs_per_s": round((step - start_step) * gb / max(run_s, 1e-9), 2), "seconds": round(run_s, 1),
+            "val": val_res}
+
+
+def _fix_budget(cfg: dict, env: DistEnv, step: int, first_done: tuple, elapsed_s: float, total: int) -> int:
+    """Steps that fit in train.max_minutes, from the measured step time (rank 0 decides for all)."""
+    per_step = (time.perf_counter() - first_done[0]) / max(1, step - first_done[1])
+    remaining = float(cfg["train"]["max_minutes"]) * 60.0 - elapsed_s
+    budget = step + int(max(0.0, remaining) * 0.97 / per_step)  # 3 %: logging, checkpoints
+    new_total = broadcast_object(max(step, min(total, budget)), env)
+    if env.is_main and new_total < total:
+        log.info("train.max_minutes=%s: %.2f s/step -> %d steps instead of %d", cfg["train"]["max_minutes"],
+                 per_step, new_total, total)
+    return new_total
