@@ -16,7 +16,6 @@ repository code unless ``trust_remote_code=True``. Every failure is one
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -24,27 +23,11 @@ import re
 from pathlib import Path
 
 from medclr.errors import MedclrError
+from medclr.models.hub import quiet_transformers
 
 log = logging.getLogger(__name__)
 
 FIT_HINT = "a local model directory, e.g. the output of `medclr lm fit --manifest M --out DIR`"
-
-
-@contextlib.contextmanager
-def quiet_transformers():
-    """Silence transformers' load reports and progress bars; restore them afterwards."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$")
