@@ -1,0 +1,205 @@
+"""The inference engine: a loaded checkpoint that embeds images and texts, scores zero-shot and grounds phrases.
+
+Used by the app, the index builder, the batch scorer and evaluation, so that every consumer sees the
+same preprocessing (:mod:`medclr.inference.preprocess`) and the same maths. Build one with
+:func:`medclr.inference.checkpoint.load_checkpoint`.
+
+* Zero-shot: for each class, the image-sentence score s (the checkpoint's similarity head, the score
+  the loss was trained on) with the positive and the negative prompt set; probability =
+  softmax((s_neg, s_pos) / tau)[1]. Prompt sets with several prompts are reduced BioViL-style (mean of
+  unnormalised projections, then L2-normalised). Default prompts: ``medclr.prompts.CHEX5_PROMPTS``.
+* Grounding: the head's region-sentence cosines (``DualEncoder.region_scores``), optionally smoothed
+  on the grid (Gaussian, sigma in cells; BioViL uses 1.5), upsampled into the crop, NaN-padded to the
+  original size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from medclr.errors import MedclrError
+from medclr.inference.checkpoint import DEFAULT_TAU, weights_sha256
+from medclr.inference.preprocess import CropGeometry, Preprocess, image_loader, preprocess_image
+from medclr.inference.stats import SentenceStats
+from medclr.io import MAX_PIXELS, read_image
+from medclr.models.dual import DualEncoder
+from medclr.models.image import ImageFeatures
+from medclr.prompts import CHEX5_PROMPTS, PromptSet
+
+
+@dataclass
+class EncodedImage:
+    """One image through the image encoder, kept to answer several questions with one forward."""
+
+    features: ImageFeatures
+    geometry: CropGeometry
+    image: np.ndarray  # the original H x W float32 in [0, 1]
+
+
+class Inference:
+    """A checkpoint ready for inference (eval mode, no grad). Build with :func:`load_checkpoint`."""
+
+    def __init__(self, model: DualEncoder, pre: Preprocess = Preprocess(), tau: float = DEFAULT_TAU,
+                 checkpoint_dir: str | os.PathLike | None = None, info: Mapping[str, Any] | None = None,
+                 device: str | torch.device = "cpu") -> None:
+        if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
+            raise MedclrError(f"tau: expected a positive number, got {tau!r}")
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.preprocess, self.tau = pre, float(tau)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.info = dict(info or {})
+        self._prompt_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._sha: str | None = None
+        self._stats: Any = None
+
+    # -- identity ---------------------------------------------------------------------------------
+    @property
+    def joint_dim(self) -> int:
+        return self.model.joint_dim
+
+    @property
+    def weights_sha256(self) -> str:
+        if self._sha is None:
+            if self.checkpoint_dir is None:
+                raise MedclrError("this model was not loaded from a checkpoint directory; it has no fingerprint")
+            self._sha = weights_sha256(self.checkpoint_dir)
+        return self._sha
+
+    def describe(self) -> dict[str, Any]:
+        """What an index/score table records about the model it came from."""
+        return {"checkpoint": str(self.checkpoint_dir.resolve()) if self.checkpoint_dir else None,
+                "weights_sha256": self.weights_sha256, "preprocess": asdict(self.preprocess),
+                "joint_dim": self.joint_dim, "tau": self.tau}
+
+    # -- images -----------------------------------------------------------------------------------
+    @staticmethod
+    def load(image: str | os.PathLike | np.ndarray, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+        if isinstance(image, np.ndarray):
+            arr = image.astype(np.float32, copy=False)
+            if arr.ndim == 3 and arr.shape[-1] in (3, 4):  # an RGB(A) array: its luminance
+                arr = arr[..., :3] @ np.array([0.2125, 0.7154, 0.0721], dtype=np.float32)
+            if arr.max(initial=0.0) > 1.0:
+                arr = arr / 255.0 if arr.max() <= 255.0 else arr / float(arr.max())
+            return arr
+        return read_image(image, max_pixels=max_pixels)
+
+    def prepare(self, image: str | os.PathLike | np.ndarray) -> tuple[torch.Tensor, CropGeometry]:
+        return preprocess_image(self.load(image), self.preprocess)
+
+    @torch.inference_mode()
+    def image_features(self, batch: torch.Tensor) -> ImageFeatures:
+        """B x 1 x C x C preprocessed tensor -> ImageFeatures (on this engine's device)."""
+        return self.model.encode_image(batch.to(self.device, non_blocking=True))
+
+    def encode(self, image: str | os.PathLike | np.ndarray | EncodedImage) -> EncodedImage:
+        if isinstance(image, EncodedImage):
+            return image
+        arr = self.load(image)
+        tensor, geo = preprocess_image(arr, self.preprocess)
+        return EncodedImage(self.image_features(tensor[None]), geo, arr)
+
+    def embed_images(self, images: Iterable[str | os.PathLike | np.ndarray], batch_size: int = 16,
+                     num_workers: int = 0) -> np.ndarray:
+        """N x D float32 unit global embeddings. Paths are decoded in ``num_workers`` DataLoader workers;
+        an unreadable file raises its ``ImageReadError``."""
+        items = list(images)
+        out = np.zeros((len(items), self.joint_dim), dtype=np.float32)
+        if items and all(not isinstance(x, np.ndarray) for x in items):
+            for batch in image_loader(items, self.preprocess, batch_size, num_workers):
+                bad = [e for ok, e in zip(batch["ok"].tolist(), batch["error"]) if not ok]
+                if bad:
+                    from medclr.errors import ImageReadError
+
+                    raise ImageReadError(bad[0])
+                out[batch["i"].numpy()] = self.image_features(batch["tensor"]).global_emb.float().cpu().numpy()
+            return out
+        for start in range(0, len(items), batch_size):
+            chunk = torch.stack([self.prepare(x)[0] for x in items[start:start + batch_size]])
+            out[start:start + len(chunk)] = self.image_features(chunk).global_emb.float().cpu().numpy()
+        return out
+
+    # -- texts ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _text(self, sentences: Sequence[str], normalize: bool, batch_size: int = 64) -> torch.Tensor:
+        return self.model.text_encoder.encode(list(sentences), batch_size=batch_size, normalize=normalize).float()
+
+    def embed_texts(self, sentences: Sequence[str] | str, batch_size: int = 64) -> np.ndarray:
+        """N x D float32 unit sentence embeddings."""
+        if isinstance(sentences, str):
+            sentences = [sentences]
+        return self._text(sentences, True, batch_size).cpu().numpy()
+
+    def prompt_embeddings(self, prompts: PromptSet | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """class -> (positive D, negative D): mean of unnormalised projections, then L2-normalised."""
+        prompts = CHEX5_PROMPTS if prompts is None else prompts
+        out = {}
+        for cls, sides in prompts.items():
+            key = json.dumps([sides["positive"], sides["negative"]])
+            if key not in self._prompt_cache:
+                pos, neg = (torch.nn.functional.normalize(self._text(sides[s], False).mean(0), dim=-1)
+                            for s in ("positive", "negative"))
+                self._prompt_cache[key] = (pos, neg)
+            out[cls] = self._prompt_cache[key]
+        return out
+
+    # -- zero-shot --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def zero_shot_scores(self, features: ImageFeatures, prompts: PromptSet | None = None
+                         ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """(classes, prob N x C, s_pos N x C, s_neg N x C) for a batch of image features."""
+        emb = self.prompt_embeddings(prompts)
+        classes = list(emb)
+        text = torch.stack([e for c in classes for e in emb[c]]).to(self.device)  # pos0, neg0, pos1, ...
+        sim = self.model.similarity(features, text).float().reshape(-1, len(classes), 2)
+        s_pos, s_neg = sim[..., 0], sim[..., 1]
+        prob = torch.sigmoid((s_pos - s_neg) / self.tau)  # = softmax((s_neg, s_pos) / tau)[1]
+        return classes, prob.cpu().numpy(), s_pos.cpu().numpy(), s_neg.cpu().numpy()
+
+    def zero_shot(self, image: Any, prompts: PromptSet | None = None) -> dict[str, float]:
+        """{class: P(positive)} for one image (path, array or :class:`EncodedImage`)."""
+        return {d["class"]: d["probability"] for d in self.zero_shot_details(image, prompts)}
+
+    def zero_shot_details(self, image: Any, prompts: PromptSet | None = None) -> list[dict[str, Any]]:
+        """Per class: probability, the two scores and the prompts used."""
+        prompts = CHEX5_PROMPTS if prompts is None else prompts
+        classes, prob, s_pos, s_neg = self.zero_shot_scores(self.encode(image).features, prompts)
+        return [{"class": c, "probability": float(prob[0, j]), "score_positive": float(s_pos[0, j]),
+                 "score_negative": float(s_neg[0, j]), "positive_prompts": list(prompts[c]["positive"]),
+                 "negative_prompts": list(prompts[c]["negative"])} for j, c in enumerate(classes)]
+
+    # -- grounding --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def ground_grid(self, image: Any, phrase: str, sigma: float = 1.5) -> np.ndarray:
+        """h x w region-phrase cosines over the crop (Gaussian-smoothed with ``sigma`` cells; 0 = raw)."""
+        if not isinstance(phrase, str) or not phrase.strip():
+            raise MedclrError("phrase: expected a non-empty sentence to ground")
+        enc = self.encode(image)
+        text = self._text([phrase], True).to(self.device)
+        grid = self.model.region_scores(enc.features, text)[0, 0].float().cpu().numpy()
+        if sigma and sigma > 0:
+            from scipy.ndimage import gaussian_filter
+
+            grid = gaussian_filter(grid, sigma=sigma, mode="reflect", truncate=4.0)
+        return grid
+
+    def ground(self, image: Any, phrase: str, sigma: float = 1.5, interpolation: str = "bilinear") -> np.ndarray:
+        """H x W float32 similarity map at the original resolution, NaN outside the model's crop."""
+        enc = self.encode(image)
+        return enc.geometry.to_original(self.ground_grid(enc, phrase, sigma), interpolation)
+
+    # -- sentence statistics ----------------------------------------------------------------------
+    @property
+    def stats(self) -> "SentenceStats":
+        if self._stats is None:
+            self._stats = SentenceStats.from_checkpoint(self.checkpoint_dir, self.info)
+        return self._stats

@@ -1,0 +1,83 @@
+"""Sentence statistics from a checkpoint's training: eta_LM per sentence and NUCLR's learned popularity zeta.
+
+Optional extras for the app's inspector, kept apart from the engine: eta_LM comes from the eta table
+recorded in the checkpoint's training config, zeta from ``loss_state.safetensors`` (indexed by manifest
+``index``). A missing or unreadable file means "not shown", never a failed load.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medclr.errors import MedclrError
+from medclr.inference.checkpoint import LOSS_STATE_NAME
+
+log = logging.getLogger(__name__)
+
+
+class SentenceStats:
+    """eta_LM per sentence (eta table) and NUCLR zeta per manifest index (loss_state.safetensors)."""
+
+    def __init__(self, eta: Mapping[str, float] | None = None, zeta: Mapping[str, np.ndarray] | None = None,
+                 eta_source: str | None = None) -> None:
+        self._eta, self._zeta, self.eta_source = dict(eta or {}), dict(zeta or {}), eta_source
+
+    @property
+    def has_eta(self) -> bool:
+        return bool(self._eta)
+
+    @property
+    def has_zeta(self) -> bool:
+        return bool(self._zeta)
+
+    def eta(self, sentence: str) -> float | None:
+        from medclr.data.text import sentence_hash
+
+        value = self._eta.get(sentence_hash(sentence))
+        return None if value is None else float(value)
+
+    def zeta(self, index: int) -> dict[str, float] | None:
+        """{"txt": zeta of the report as a candidate of image anchors, "img": ...} for a manifest index."""
+        out = {m: float(t[index]) for m, t in self._zeta.items() if 0 <= int(index) < len(t)}
+        return out or None
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path | None, info: Mapping[str, Any]) -> "SentenceStats":
+        eta: dict[str, float] = {}
+        zeta: dict[str, np.ndarray] = {}
+        path = info.get("eta_table")
+        if path and Path(path).is_file():
+            try:
+                eta = _read_eta_table(Path(path))
+            except Exception as exc:  # noqa: BLE001 - the inspector degrades, the app keeps running
+                log.warning("eta table %s unreadable (%s); eta not shown", path, type(exc).__name__)
+        if directory is not None and (Path(directory) / LOSS_STATE_NAME).is_file():
+            from safetensors.numpy import load_file
+
+            try:
+                tables = load_file(str(Path(directory) / LOSS_STATE_NAME))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("%s unreadable (%s); zeta not shown", LOSS_STATE_NAME, type(exc).__name__)
+                tables = {}
+            for key, value in tables.items():
+                for m in ("txt", "img"):
+                    if key == f"zeta_{m}" or key.endswith(f".zeta_{m}"):
+                        zeta[m] = np.asarray(value, dtype=np.float32)
+        return cls(eta, zeta, str(path) if eta else None)
+
+
+def _read_eta_table(path: Path) -> dict[str, float]:
+    import pandas as pd
+
+    from medclr.data.text import sentence_hash
+
+    df = pd.read_parquet(path)
+    if "eta" not in df:
+        raise MedclrError(f"{path}: eta table has no 'eta' column")
+    keys = df["hash"].astype(str) if "hash" in df else df["sentence"].astype(str).map(sentence_hash)
+    return dict(zip(keys, df["eta"].astype(float)))
