@@ -94,9 +94,11 @@ def make_checkpoint(out: Path, text_dir: Path, seed: int = 0, image_size: int = 
     model.save_pretrained(out)
     write_preprocess(out, image_size)
     g = torch.Generator().manual_seed(seed)
+    # training rows are stored in their own order: position i holds manifest index n - 1 - i here
     save_file({"loss.zeta_txt": torch.randn(n_samples, generator=g) * 0.1,
                "loss.zeta_img": torch.randn(n_samples, generator=g) * 0.1,
-               "loss.u_txt": torch.zeros(n_samples)}, str(out / "loss_state.safetensors"))
+               "loss.u_txt": torch.zeros(n_samples),
+               "sample_manifest_index": torch.arange(n_samples - 1, -1, -1)}, str(out / "loss_state.safetensors"))
     if eta_table is not None:
         (out / "train_config.yaml").write_text(f"loss:\n  name: nuclr\n  tau: 0.05\ndata:\n  eta: {eta_table}\n")
     return out

@@ -122,10 +122,12 @@ def test_inspector_shows_eta_and_zeta(client, engine, app_assets):  # noqa: F811
     from safetensors.numpy import load_file
 
     eta = pd.read_parquet(app_assets["eta"]).set_index("sentence")["eta"]
-    zeta = load_file(str(app_assets["checkpoint"] / "loss_state.safetensors"))["loss.zeta_txt"]
+    state = load_file(str(app_assets["checkpoint"] / "loss_state.safetensors"))
+    zeta = dict(zip(state["sample_manifest_index"].tolist(), state["loss.zeta_txt"].tolist()))
     out = client.predict("No pneumothorax.", api_name="/inspect_sentence")
     assert out["eta_LM"] == pytest.approx(eta["No pneumothorax."])
     assert out["reports_with_sentence"] >= 1
+    assert out["zeta"]
     for rec in out["zeta"]:
         assert rec["zeta_txt"] == pytest.approx(float(zeta[rec["manifest_index"]]), abs=1e-6)
 

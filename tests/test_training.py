@@ -152,7 +152,7 @@ def test_config_layers_presets_and_overrides():
 
     cfg = load_config("dcl_0.05", ["data.manifest=m.parquet", "out=o", "optim.lr=1e-4", "train.batch_size=16"])
     assert cfg["loss"] == {"name": "dcl", "eta_source": "none", "tau": 0.07, "eta": 0.05}
-    assert cfg["model"]["arch"] == "resnet18" and cfg["data"]["crop"] == 128  # cpu_small preset
+    assert cfg["model"]["arch"] == "resnet18" and cfg["data"]["crop"] == 96  # cpu_small preset
     assert cfg["optim"]["lr"] == 1e-4 and cfg["train"]["batch_size"] == 16
     paper = load_config("nuclr", ["data.manifest=m", "out=o", "preset=paper"])
     assert paper["optim"]["lr"] == 1e-5 and paper["optim"]["warmup_steps"] == 2000
@@ -235,6 +235,8 @@ def test_torchrun_two_processes_nuclr_learns_and_saves_tables(tiny, tmp_path):
     assert torch.isfinite(tables["u_img"]).all()  # every sample visited (the global batch is the whole set)
     assert not torch.equal(tables["zeta_txt"], torch.full((16,), -0.05))  # zeta learned after the (zero) freeze
     assert int(tables["step"]) == 20
+    train_rows = pd.read_parquet(manifest).query("split == 'train'")["index"]
+    assert sorted(tables["sample_manifest_index"].tolist()) == sorted(train_rows.tolist())  # position -> manifest row
     from medclr.models import DualEncoder
 
     model = DualEncoder.from_pretrained(out)  # OUT itself is the checkpoint

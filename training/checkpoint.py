@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from medclr.errors import MedclrError
+from medclr.inference.checkpoint import SAMPLE_INDEX_KEY  # not part of the loss's state_dict
 
 CKPT_DIR = "checkpoints"
 _STEP_RE = re.compile(r"^step-(\d{7,})$")
@@ -129,10 +130,13 @@ def _fsync_tree(path: Path) -> None:
         os.close(fd)
 
 
-def save_loss_state(loss: torch.nn.Module, path: Path, meta: dict[str, str]) -> None:
+def save_loss_state(loss: torch.nn.Module, path: Path, meta: dict[str, str],
+                    sample_index: np.ndarray | None = None) -> None:
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in loss.state_dict().items()}
+    if sample_index is not None:
+        tensors[SAMPLE_INDEX_KEY] = torch.as_tensor(np.asarray(sample_index, dtype=np.int64))
     save_file(tensors, str(path), metadata={k: str(v) for k, v in meta.items()})
 
 
@@ -140,6 +144,7 @@ def load_loss_state(loss: torch.nn.Module, path: Path) -> None:
     from safetensors.torch import load_file
 
     state = load_file(str(path))
+    state.pop(SAMPLE_INDEX_KEY, None)
     own = loss.state_dict()
     bad = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
     if bad or set(own) != set(state):
@@ -190,7 +195,8 @@ def clean_stale(out: Path) -> None:
 
 
 def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, scaler, trainer_state: dict,
-                    config_yaml: str, preprocess: tuple[int, int], env, keep_last: int, barrier) -> Path:
+                    config_yaml: str, preprocess: tuple[int, int], env, keep_last: int, barrier,
+                    sample_index: np.ndarray | None = None) -> Path:
     """Collective: every rank calls it (each writes its own RNG state); rank 0 writes the rest."""
     out = Path(out)
     tmp = out / CKPT_DIR / f".tmp-step-{step:07d}"
@@ -204,7 +210,8 @@ def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, 
     if env.is_main:
         model.save_pretrained(tmp)
         save_loss_state(loss, tmp / "loss_state.safetensors",
-                        {"loss": trainer_state.get("loss", ""), "num_samples": trainer_state.get("n_train", "")})
+                        {"loss": trainer_state.get("loss", ""), "num_samples": trainer_state.get("n_train", "")},
+                        sample_index)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "optimizer.pt")
         from medclr.inference import write_preprocess

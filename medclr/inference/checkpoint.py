@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 PREPROCESS_NAME = "preprocess.json"  # {"image_size": C, "resize": R} written by training
 LOSS_STATE_NAME = "loss_state.safetensors"
+# loss_state.safetensors: per-sample tables (u, zeta) are indexed by the row's position in the training
+# split; this tensor beside them maps each position to the manifest `index` (written by training).
+SAMPLE_INDEX_KEY = "sample_manifest_index"
 DEFAULT_TAU = 1.0 / 14.0  # the paper initialises the hypersphere radius at sqrt(14): tau = 1/gamma^2
 _TRAIN_FILES = ("train_config.yaml", "train_config.json", "config.yaml", "trainer_state.json")
 # dotted keys looked up (in order) in preprocess.json, config.json and the training files

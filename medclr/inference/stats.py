@@ -1,8 +1,8 @@
 """Sentence statistics from a checkpoint's training: eta_LM per sentence and NUCLR's learned popularity zeta.
 
 Optional extras for the app's inspector, kept apart from the engine: eta_LM comes from the eta table
-recorded in the checkpoint's training config, zeta from ``loss_state.safetensors`` (indexed by manifest
-``index``). A missing or unreadable file means "not shown", never a failed load.
+recorded in the checkpoint's training config, zeta from ``loss_state.safetensors`` (per training
+row, mapped to the manifest ``index`` by the table saved beside it). A missing or unreadable file means "not shown", never a failed load.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from medclr.errors import MedclrError
-from medclr.inference.checkpoint import LOSS_STATE_NAME
+from medclr.inference.checkpoint import LOSS_STATE_NAME, SAMPLE_INDEX_KEY
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class SentenceStats:
     """eta_LM per sentence (eta table) and NUCLR zeta per manifest index (loss_state.safetensors)."""
 
-    def __init__(self, eta: Mapping[str, float] | None = None, zeta: Mapping[str, np.ndarray] | None = None,
+    def __init__(self, eta: Mapping[str, float] | None = None, zeta: Mapping[str, Mapping[int, float]] | None = None,
                  eta_source: str | None = None) -> None:
         self._eta, self._zeta, self.eta_source = dict(eta or {}), dict(zeta or {}), eta_source
 
@@ -43,13 +43,13 @@ class SentenceStats:
 
     def zeta(self, index: int) -> dict[str, float] | None:
         """{"txt": zeta of the report as a candidate of image anchors, "img": ...} for a manifest index."""
-        out = {m: float(t[index]) for m, t in self._zeta.items() if 0 <= int(index) < len(t)}
+        out = {m: float(t[int(index)]) for m, t in self._zeta.items() if int(index) in t}
         return out or None
 
     @classmethod
     def from_checkpoint(cls, directory: Path | None, info: Mapping[str, Any]) -> "SentenceStats":
         eta: dict[str, float] = {}
-        zeta: dict[str, np.ndarray] = {}
+        zeta: dict[str, dict[int, float]] = {}
         path = info.get("eta_table")
         if path and Path(path).is_file():
             try:
@@ -64,10 +64,14 @@ class SentenceStats:
             except Exception as exc:  # noqa: BLE001
                 log.warning("%s unreadable (%s); zeta not shown", LOSS_STATE_NAME, type(exc).__name__)
                 tables = {}
-            for key, value in tables.items():
+            rows = tables.get(SAMPLE_INDEX_KEY)
+            if rows is None and any("zeta_" in k for k in tables):
+                log.warning("%s has no %s (trained before medclr recorded it); zeta not shown",
+                            LOSS_STATE_NAME, SAMPLE_INDEX_KEY)
+            for key, value in tables.items() if rows is not None else ():
                 for m in ("txt", "img"):
                     if key == f"zeta_{m}" or key.endswith(f".zeta_{m}"):
-                        zeta[m] = np.asarray(value, dtype=np.float32)
+                        zeta[m] = dict(zip(rows.astype(np.int64).tolist(), np.asarray(value, np.float64).tolist()))
         return cls(eta, zeta, str(path) if eta else None)
 
 
