@@ -10,7 +10,7 @@ Compared in the same run:
   * NUCLR instead of InfoNCE end to end (per-sample tables, two passes), vs InfoNCE.
 Data: synthetic 160 px radiograph-like images and two-sentence reports written to a temp dir; the
 text model has the size `medclr lm fit` produces (4 layers, hidden 256, 4 heads, vocab 6000), random
-weights (speed does not depend on them). cpu_small preset: 128 px crops of 144 px, batch 32.
+weights (speed does not depend on them). cpu_small preset: 96 px crops of 108 px, batch 64.
 
     OMP_NUM_THREADS=2 python bench/bench_train.py              # ~2 minutes on 2 cores
     python bench/bench_train.py --steps 12 --batch 64 --crop 224 --resize 256
@@ -138,9 +138,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8, help="timed steps per configuration")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--resize", type=int, default=144)
-    ap.add_argument("--crop", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--resize", type=int, default=108)
+    ap.add_argument("--crop", type=int, default=96)
     ap.add_argument("--images", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args(argv)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate docs/eval/ (the committed `medclr eval` report on CXR-Phantom):
+# A `medclr eval` report on CXR-Phantom for a longer-trained run, beside untrained checkpoints:
 #   phantom -> manifest (+ MS-CXR boxes) -> domain LM -> eta_LM -> train DCL-eta_LM (cpu_small preset)
 #   -> untrained checkpoints of the same architecture (5 seeds) -> medclr eval on all.
 # The trained run's report.md compares with the paper's Table 1, with the untrained runs as rows.
@@ -7,14 +7,14 @@
 # dominates); eval itself takes minutes for a ~1k-study test split.
 #
 #   bench/eval_phantom.sh                       # WORK=/tmp/medclr_eval_phantom, N=4000 studies, ~1k test
-#   N=10000 PHANTOM_ARGS="--split 0.8,0.1" WORK=/data/ph OUT=docs/eval bench/eval_phantom.sh
+#   N=10000 PHANTOM_ARGS="--split 0.8,0.1" WORK=/data/ph OUT=/data/ph/report bench/eval_phantom.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/medclr_eval_phantom}
 N=${N:-4000}
 PHANTOM_ARGS=${PHANTOM_ARGS:---split 0.65,0.1}   # train, validate fractions: 25 % test = ~1k studies
 SEED=${SEED:-0}
-OUT=${OUT:-docs/eval}
+OUT=${OUT:-$WORK/report}   # docs/eval/ holds the report of `medclr demo`'s model
 CONFIG=${CONFIG:-dcl_lm}
 TRAIN_ARGS=${TRAIN_ARGS:-train.max_minutes=30}  # the cpu_small preset's 5 min is a smoke test, not a model
 MEDCLR=${MEDCLR:-medclr}
