@@ -2,7 +2,8 @@
 
 Optional extras for the app's inspector, kept apart from the engine: eta_LM comes from the eta table
 recorded in the checkpoint's training config, zeta from ``loss_state.safetensors`` (per training
-row, mapped to the manifest ``index`` by the table saved beside it). A missing or unreadable file means "not shown", never a failed load.
+row, mapped to the manifest ``index`` by the table saved beside it). A missing or unreadable file
+means "not shown", never a failed load.
 """
 
 from __future__ import annotations
