@@ -123,8 +123,10 @@ def train_and_eval(work: Path, run: Path, label: str, seed: int, manifest: Path,
                      *(["loss.freeze_zeta_epochs=0.25"] if config == "nuclr" else [])])
         run_cli(["eval", "--checkpoint", str(run), "--data", str(work / "manifest.parquet"), "--out", str(run / "eval"),
                  "--seed", str(seed), *cfg["eval"]])
-    summary = json.loads(metrics.read_text())["summary"]
-    row = {"method": label, "seed": seed, **{m: summary.get(m) for m in METRICS}, "seconds": round(time.perf_counter() - start, 1)}
+    result = json.loads(metrics.read_text())
+    summary, per_class = result["summary"], result.get("zeroshot", {}).get("per_class", {})
+    row = {"method": label, "seed": seed, **{m: summary.get(m) for m in METRICS},
+           **{f"AUC {c}": v.get("AUC") for c, v in per_class.items()}, "seconds": round(time.perf_counter() - start, 1)}
     print(json.dumps(row), flush=True)
     return row
 
@@ -155,6 +157,16 @@ def eta_calibration(work: Path) -> dict:
         run_cli(["lm", "calibrate", "--manifest", str(work / "manifest.parquet"), "--eta", str(work / "eta.parquet"),
                  "--out", str(out)])
     return json.loads((out / "calibration.json").read_text())
+
+
+def test_positives(work: Path) -> dict[str, int]:
+    """CheX5 positives per class in the phantom's test split (how much a per-class AUC can be trusted)."""
+    from medclr.data.labels import CHEX5
+    from medclr.data.manifest import read_manifest
+
+    df = read_manifest(work / "manifest.parquet")
+    test = df[df["split"] == "test"]
+    return {c: int((test[c] == 1).sum()) for c in CHEX5}
 
 
 # --------------------------------------------------------------------------- plots and report
@@ -231,8 +243,8 @@ def fmt(table: pd.DataFrame, m: str, label: str) -> str:
     return f"{v:.{digits}f} ± {sd:.{digits}f}" if np.isfinite(sd) else f"{v:.{digits}f}"
 
 
-def write_results(path: Path, preset: str, cfg: dict, table: pd.DataFrame, sweep: pd.DataFrame, pop: dict | None,
-                  calib: dict, minutes: float) -> None:
+def write_results(path: Path, preset: str, cfg: dict, table: pd.DataFrame, per_class: pd.DataFrame,
+                  positives: dict[str, int], sweep: pd.DataFrame, pop: dict | None, calib: dict, minutes: float) -> None:
     old = path.read_text() if path.exists() else ""
     reading = old.split(READING_MARK, 1)[1] if READING_MARK in old else "\n## Reading\n\n(not written yet)\n"
     batch = next(o.split("=")[1] for o in cfg["train"] if o.startswith("train.batch_size="))
@@ -246,6 +258,13 @@ def write_results(path: Path, preset: str, cfg: dict, table: pd.DataFrame, sweep
              "| Method | CheX5 AUC | ACC | CNR | mIoU | Recall | MedR |", "|---|---|---|---|---|---|---|"]
     for label in table.index:
         lines.append(f"| {label} | " + " | ".join(fmt(table, m, label) for m in METRICS) + " |")
+    classes = [c for c in per_class.columns]
+    lines += ["", "Zero-shot AUC per CheX5 class (mean ± sd over seeds; n positives in the test split: "
+              + ", ".join(f"{c} {n}" for c, n in positives.items()) + "):", "",
+              "| Method | " + " | ".join(c.removeprefix("AUC ") for c in classes) + " |", "|---|" + "---|" * len(classes)]
+    for label, g in per_class.groupby(level=0, sort=False):
+        cells = [f"{g[c].mean():.2f} ± {g[c].std(ddof=1):.2f}" if len(g) > 1 else f"{g[c].mean():.2f}" for c in classes]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "![eta trade-off](img/results_eta_tradeoff.png)", "",
               "*The debiasing paper's Fig. 3 on the phantom: constant-eta DCL against eta; lines: InfoNCE, "
               "DCL-eta_LM, the DCL-eta_True oracle.*", "", "## Class imbalance (the paper's Fig. 2)", "",
@@ -330,7 +349,8 @@ def main() -> int:
     rows.to_csv(work / "runs.csv", index=False)
     sweep.to_csv(work / "sweep.csv", index=False)
     minutes = (time.perf_counter() - t0) / 60
-    write_results(args.docs / "RESULTS.md", preset, cfg, table, sweep, pop, calib, minutes)
+    per_class = rows.set_index("method")[[c for c in rows.columns if c.startswith("AUC ")]]
+    write_results(args.docs / "RESULTS.md", preset, cfg, table, per_class, test_positives(work), sweep, pop, calib, minutes)
     print(json.dumps({"results": str(args.docs / "RESULTS.md"), "runs": len(rows), "sweep_runs": len(sweep),
                       "minutes": round(minutes, 1)}))
     return 0
