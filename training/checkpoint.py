@@ -136,7 +136,7 @@ def save_loss_state(loss: torch.nn.Module, path: Path, meta: dict[str, str],
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in loss.state_dict().items()}
     if sample_index is not None:
-        tensors[SAMPLE_INDEX_KEY] = torch.as_tensor(np.asarray(sample_index, dtype=np.int64))
+        tensors[SAMPLE_INDEX_KEY] = torch.tensor(np.asarray(sample_index, dtype=np.int64))  # a copy: the table may be read-only
     save_file(tensors, str(path), metadata={k: str(v) for k, v in meta.items()})
 
 
