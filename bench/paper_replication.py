@@ -162,7 +162,7 @@ def eta_calibration(work: Path) -> dict:
     return json.loads((out / "calibration.json").read_text())
 
 
-def test_positives(work: Path) -> dict[str, int]:
+def count_test_positives(work: Path) -> dict[str, int]:
     """CheX5 positives per class in the phantom's test split (how much a per-class AUC can be trusted)."""
     from medclr.data.labels import CHEX5
     from medclr.data.manifest import read_manifest
@@ -352,7 +352,7 @@ def main() -> int:
     sweep.to_csv(work / "sweep.csv", index=False)
     minutes = (rows["seconds"].sum() + sweep.loc[sweep["r"] != 1.0, "seconds"].sum()) / 60
     per_class = rows.set_index("method")[[c for c in rows.columns if c.startswith("AUC ")]]
-    write_results(args.docs / "RESULTS.md", preset, cfg, table, per_class, test_positives(work), sweep, pop, calib, minutes)
+    write_results(args.docs / "RESULTS.md", preset, cfg, table, per_class, count_test_positives(work), sweep, pop, calib, minutes)
     print(json.dumps({"results": str(args.docs / "RESULTS.md"), "runs": len(rows), "sweep_runs": len(sweep),
                       "minutes": round(minutes, 1)}))
     return 0
