@@ -180,12 +180,23 @@ def mean_sd(rows: pd.DataFrame) -> pd.DataFrame:
     return g.mean().join(g.std(ddof=1), rsuffix="_sd").assign(n=g.size())
 
 
-def plot_eta_tradeoff(table: pd.DataFrame, path: Path) -> None:
+def pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
+def plot_eta_tradeoff(table: pd.DataFrame, path: Path) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
     etas = [e for lab, e in DCL_ETAS.items() if lab in table.index]
     for ax, m in zip(axes, ["AUC", "CNR", "Recall"]):
@@ -199,17 +210,11 @@ def plot_eta_tradeoff(table: pd.DataFrame, path: Path) -> None:
         ax.set_xlabel("eta (class prior of a negative)")
         ax.set_title(m)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_imbalance(sweep: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
     for ax, m in zip(axes, ["AUC", "Recall"]):
         for lab, g in sweep.groupby("method", sort=False):
@@ -219,25 +224,17 @@ def plot_imbalance(sweep: pd.DataFrame, path: Path) -> None:
         ax.set_xlabel("r (fraction of non-normal training studies kept)")
         ax.set_title(m)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_popularity(points: tuple[np.ndarray, np.ndarray], rho: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.2, 3.4))
     ax.scatter(points[0], points[1], s=4, alpha=0.4)
     ax.set_xlabel("log true class frequency of the training pair")
     ax.set_ylabel("learned zeta (text side)")
     ax.set_title(f"NUCLR popularity, Spearman {rho:+.2f}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def fmt(table: pd.DataFrame, m: str, label: str) -> str:
