@@ -28,12 +28,7 @@ WORDS = ("small large left right basal apical patchy opacity effusion heart enla
          "consolidation atelectasis mild severe lung zone base apex lower upper").split()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # --------------------------------------------------------------------------- builders

@@ -39,13 +39,7 @@ SENTENCES = [
 HIDDEN, JOINT = 32, 16
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The machine is shared: keep intra-op threads at one, as OMP_NUM_THREADS=1 would.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture
@@ -283,7 +277,7 @@ def test_trust_remote_code_never_implicit(tmp_path, mlm_dir, monkeypatch, no_net
         "model_type": "medclr-custom", "hidden_size": 8,
         "auto_map": {"AutoConfig": "modeling_custom.Cfg", "AutoModel": "modeling_custom.Model"}}))
     (d / "modeling_custom.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
-    with pytest.raises(MedclrError, match="trust_remote_code=True"):
+    with pytest.raises(MedclrError, match=r"opt in \(trust_remote_code / --trust-remote-code\)"):
         TextEncoder.from_pretrained(d)
     assert not marker.exists()
 

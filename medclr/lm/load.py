@@ -3,7 +3,7 @@
 ``load_masked_lm(name_or_path)`` accepts a local directory (e.g. the output of
 ``medclr lm fit``) or a hub id that is already in the local Hugging Face cache.
 It never touches the network unless ``allow_network=True`` and never runs
-repository code unless ``trust_remote_code=True``. Every failure is one
+repository code unless the caller opts in with ``trust_remote_code``. Every failure is one
 :class:`~medclr.errors.MedclrError` line:
 
 * a path that does not exist;

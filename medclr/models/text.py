@@ -166,12 +166,13 @@ class TextEncoder(nn.Module):
                 elif model_type in CONFIG_MAPPING:
                     backbone = AutoModel.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
                 elif trust_remote_code:
-                    log.warning("text model %s: running its custom code (trust_remote_code=True)", name_or_path)
-                    backbone = AutoModel.from_pretrained(model_dir, local_files_only=True, trust_remote_code=True)
+                    log.warning("text model %s: running its custom code (the caller opted in)", name_or_path)
+                    backbone = AutoModel.from_pretrained(model_dir, local_files_only=True,
+                                                         trust_remote_code=trust_remote_code)
                 else:
                     raise MedclrError(
                         f"text model {os.fspath(name_or_path)!r}: model_type {model_type!r} needs custom code "
-                        "from the checkpoint; pass trust_remote_code=True only if you trust it"
+                        "from the checkpoint; opt in (trust_remote_code / --trust-remote-code) only if you trust it"
                     )
         except MedclrError:
             raise
