@@ -24,7 +24,8 @@ from medclr.phantom.plan import class_model_prob, plan_study
 from medclr.phantom.textmatch import mention_state, sentence_side
 from medclr.phantom.writer import CHEXPERT_COLUMNS, METADATA_COLUMNS, MSCXR_COLUMNS, SPLIT_COLUMNS
 
-N, SIZE = 24, 128
+N, SIZE, EVAL_K = 24, 128, 3
+N_ALL = N + 5 * EVAL_K + 3  # the pool, then EVAL_K per CheX5 class and 1 per other grounding category
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,8 @@ def material():
 @pytest.fixture(scope="module")
 def phantom(tmp_path_factory, material):
     out = tmp_path_factory.mktemp("phantom")
-    generate(out, N, seed=5, source="both", size=SIZE, dicom=True, workers=2, fractions=(0.5, 0.2), progress=False)
+    generate(out, N, seed=5, source="both", size=SIZE, dicom=True, workers=2, fractions=(0.5, 0.2), progress=False,
+             eval_per_class=EVAL_K)
     return out
 
 
@@ -51,7 +53,7 @@ def test_format_round_trip(phantom):
                        ("MS_CXR_Local_Alignment_v1.1.0.csv", MSCXR_COLUMNS)):
         assert _header(phantom / name) == list(cols), name
     df = read_mimic_cxr_jpg(phantom, views=None)
-    assert len(df) == N and set(df["view"]) <= {"PA", "AP"}
+    assert len(df) == N_ALL and set(df["view"]) <= {"PA", "AP"}
     assert set(df["split"]) <= {"train", "validate", "test"}
     assert df.groupby("subject_id")["split"].nunique().max() == 1  # split by subject
     assert all(len(s) > 0 for s in df["sentences"])
@@ -65,16 +67,49 @@ def test_format_round_trip(phantom):
         dcm = read_image(dcm_path)  # MONOCHROME1 inverted back: same picture as the JPG
         assert np.corrcoef(jpg.ravel(), dcm.ravel())[0, 1] > 0.99 and np.abs(jpg - dcm).mean() < 0.02
     gt = read_ground_truth(phantom)
-    assert len(gt) == N and gt["dicom_id"].is_unique
+    assert len(gt) == N_ALL and gt["dicom_id"].is_unique
     joined = attach_ground_truth(df, phantom)
     assert joined["latent_class"].notna().all() and list(joined["dicom_id"]) == list(df["dicom_id"])
-    counts = gt["latent_class"].value_counts()
-    assert np.allclose(gt["latent_class_prob"], gt["latent_class"].map(counts) / N)
+    counts = gt.loc[gt["eval_target"] == "", "latent_class"].value_counts()  # the pool's distribution
+    assert np.allclose(gt["latent_class_prob"], gt["latent_class"].map(counts).fillna(0) / N)
     assert (gt["latent_class_model_prob"] > 0).all() and (gt["latent_class_model_prob"] <= 1).all()
     ms = read_mscxr(phantom / "MS_CXR_Local_Alignment_v1.1.0.csv")
     test_ids = set(gt.loc[gt["split"] == "test", "dicom_id"])
     assert len(ms) > 0 and set(ms["dicom_id"]) <= test_ids and set(ms["split"]) == {"test"}
     assert ((ms.image_width == SIZE) & (ms.image_height == SIZE)).all()
+
+
+def test_eval_sets_are_class_balanced_and_subject_disjoint(phantom):
+    gt = read_ground_truth(phantom)
+    df = read_mimic_cxr_jpg(phantom, views=None).merge(gt[["dicom_id", "eval_target"]], on="dicom_id")
+    ev = df[df["eval_target"] != ""]
+    assert len(ev) == 5 * EVAL_K + 3 and (ev["split"] == "test").all()
+    assert not set(ev["subject_id"]) & set(df.loc[df["eval_target"] == "", "subject_id"])
+    for label in CHEX5:
+        pos = ev[label] == 1.0
+        assert pos.sum() == EVAL_K  # single-positive: only the studies drawn for this class
+        assert (ev[label] == 0.0).sum() >= 4 * EVAL_K - 3  # others are negated (pneumonia may stay unmentioned)
+    summary = __import__("json").loads((phantom / "phantom.json").read_text())
+    assert summary["test_chex5"]["Edema"]["positive"] >= EVAL_K and summary["eval_studies"] == 5 * EVAL_K + 3
+    ms = read_mscxr(phantom / "MS_CXR_Local_Alignment_v1.1.0.csv")
+    assert set(ms["category_name"]) == set(V.MSCXR_OF.values())  # all 8 grounding categories
+
+
+def test_eval_plan_at_full_size(material):
+    """The default 250 per class, planned (not rendered): each CheX5 study holds its class and no other."""
+    from medclr.phantom.plan import CHEX5_TARGETS, eval_targets, plan_eval_study
+
+    targets = eval_targets(250)
+    assert len(targets) == 5 * 250 + 3 * 50
+    seen = {name: 0 for name in V.CHEX5_OF}
+    for j, target in enumerate(targets):
+        spec = plan_eval_study(material, 0, j, target)
+        chex5 = {f["name"] for f in spec["findings"] if f["name"] in V.CHEX5_OF}
+        assert chex5 == ({target} if target in CHEX5_TARGETS else set()), (j, target, chex5)
+        assert any(f["name"] == target and f["sentence_text"] for f in spec["findings"])
+        for name in chex5:
+            seen[name] += 1
+    assert seen == {name: 250 for name in V.CHEX5_OF}
 
 
 def test_boxes_inside_images(phantom):
@@ -137,11 +172,11 @@ def _tree_digest(root: Path) -> dict[str, str]:
 
 def test_deterministic_and_independent_of_workers(tmp_path, material):
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    generate(a, 8, seed=9, source="both", size=96, dicom=True, workers=1, progress=False)
-    generate(b, 8, seed=9, source="both", size=96, dicom=True, workers=2, progress=False)
-    generate(c, 8, seed=10, source="both", size=96, dicom=False, workers=2, progress=False)
+    generate(a, 8, seed=9, source="both", size=96, dicom=True, workers=1, progress=False, eval_per_class=1)
+    generate(b, 8, seed=9, source="both", size=96, dicom=True, workers=2, progress=False, eval_per_class=1)
+    generate(c, 8, seed=10, source="both", size=96, dicom=False, workers=2, progress=False, eval_per_class=1)
     da, db = _tree_digest(a), _tree_digest(b)
-    assert da == db and len(da) > 8 * 3
+    assert da == db and len(da) > (8 + 8) * 3
     dc = _tree_digest(c)
     assert da["mimic-cxr-2.0.0-metadata.csv.gz"] != dc["mimic-cxr-2.0.0-metadata.csv.gz"]
 

@@ -8,6 +8,8 @@ import os
 
 from medclr.errors import MedclrError
 
+EVAL_PER_CLASS = 250  # medclr.phantom.dataset.EVAL_PER_CLASS (not imported here: keeps --help fast)
+
 EPILOG = """\
 what it writes (DIR):
   files/pXX/pSUBJECT/sSTUDY/DICOM_ID.jpg   the radiograph (+ .dcm with --dicom: CR, MONOCHROME1)
@@ -21,6 +23,13 @@ sources:
   openi      each real Open-i report (3,832 indexed ones) drawn as it reads (MeSH-linked findings)
   composed   finding sets sampled from CheXpert label co-occurrence, text from real Open-i sentences
   both       even studies openi, odd studies composed
+
+evaluation sets (the test split, on subjects of their own, added to the N pool studies):
+  CheX5       K studies per CheX5 class with that class positive and the other four negative
+              (single-positive, as the paper's CheX5 set): >= K positives, >= 4K negatives per class
+  grounding   every CheX5 study above plus K/5 per other MS-CXR category (atelectasis, consolidation,
+              lung opacity): MS-CXR boxes over 8 categories
+  The pool's --split default puts no pool study in test; phantom.json counts both sets.
 
 examples:
   medclr phantom --out data/phantom --n 2000
@@ -62,8 +71,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dicom", action="store_true", help="also write DICOM (CR, MONOCHROME1, synthetic ids)")
     parser.add_argument("--workers", type=int, default=None, metavar="W",
                         help=f"processes (default: all {os.cpu_count()} cores; 1 = no pool)")
-    parser.add_argument("--split", type=_split, default=(0.8, 0.1), metavar="TR,VA[,TE]",
-                        help="train/validate/test fractions by subject (default 0.8,0.1,0.1)")
+    parser.add_argument("--split", type=_split, default=(0.9, 0.1), metavar="TR,VA[,TE]",
+                        help="train/validate/test fractions of the N pool studies by subject (default 0.9,0.1,0: "
+                             "the test split is the evaluation sets)")
+    parser.add_argument("--eval-per-class", type=int, default=EVAL_PER_CLASS, metavar="K",
+                        help=f"evaluation sets (the test split, subjects of their own, on top of N): K single-positive "
+                             f"studies per CheX5 class and K/5 per other MS-CXR category (default {EVAL_PER_CLASS}; "
+                             "0 = none)")
     parser.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95, as MIMIC-CXR-JPG)")
     parser.add_argument("--overwrite", action="store_true", help="replace a phantom data set already in --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -79,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
         raise MedclrError(f"--quality {args.quality}: expected 1..100")
     summary = generate(args.out, args.n, seed=args.seed, source=args.source, size=args.size, dicom=args.dicom,
                        workers=args.workers, fractions=args.split, quality=args.quality, overwrite=args.overwrite,
-                       progress=not args.quiet)
+                       progress=not args.quiet, eval_per_class=args.eval_per_class)
     logging.getLogger(__name__).info(
         "wrote %d studies (%s) to %s: %d latent classes, %d MS-CXR boxes in the test split",
-        summary["n"], ", ".join(f"{k} {v}" for k, v in summary["splits"].items()), args.out, summary["n_classes"],
+        summary["n_total"], ", ".join(f"{k} {v}" for k, v in summary["splits"].items()), args.out, summary["n_classes"],
         summary["mscxr_boxes"])
     return 0

@@ -33,7 +33,7 @@ from medclr.phantom import reports as R
 from medclr.phantom import vocab as V
 from medclr.phantom import writer as W
 from medclr.phantom.material import load_material
-from medclr.phantom.plan import SOURCES, class_model_prob, plan_study
+from medclr.phantom.plan import SOURCES, class_model_prob, eval_targets, plan_eval_study, plan_study
 from medclr.phantom.renderer import render
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,15 @@ def _init(ctx: dict) -> None:
     _CTX["material"] = load_material()
 
 
-def _plan_class(k: int) -> str:
-    return plan_study(_CTX["material"], _CTX["source"], _CTX["seed"], k)["latent_class"]
+def _spec(key) -> dict:
+    """A pool study is keyed by its number k; an evaluation study by (j, target)."""
+    if isinstance(key, tuple):
+        return plan_eval_study(_CTX["material"], _CTX["seed"], key[0], key[1])
+    return plan_study(_CTX["material"], _CTX["source"], _CTX["seed"], key)
+
+
+def _plan_class(key) -> str:
+    return _spec(key)["latent_class"]
 
 
 def _meta(spec: dict, ids, size: int, nth: int, seed: int) -> dict:
@@ -91,10 +98,10 @@ def _meta(spec: dict, ids, size: int, nth: int, seed: int) -> dict:
 
 
 def _study(task) -> dict:
-    k, subj, nth, prob, model_prob, count = task
+    k, key, subj, nth, prob, model_prob, count = task
     c = _CTX
     m, seed, size, out = c["material"], c["seed"], c["size"], Path(c["out"])
-    spec = plan_study(m, c["source"], seed, k)
+    spec = _spec(key)
     res = render(m, spec, size, float_image=c["dicom"])
     ids = identifiers(seed, k, subj)
     subject, study, dicom_id = ids
@@ -105,11 +112,11 @@ def _study(task) -> dict:
     report = R.format_report(spec["findings_text"], spec["impression_text"], spec["view"], spec["indication"],
                              spec["comparison"])
     (out / report_path).write_text(report, encoding="utf-8")
-    split = split_of(subject, seed, c["fractions"])
+    split = "test" if spec["eval_target"] else split_of(subject, seed, c["fractions"])
     meta = _meta(spec, ids, size, nth, seed)
     row = {"dicom_id": dicom_id, "subject_id": subject, "study_id": study, "split": split, "meta": meta}
     if c["dicom"]:
-        W.write_dicom(out / f"{folder}/{dicom_id}.dcm", res["image_float"], row, seed, k)
+        W.write_dicom(out / f"{folder}/{dicom_id}.dcm", res["image_float"], row, seed, spec["k"])
     findings, mscxr = [], []
     for f, boxes in zip(spec["findings"], res["boxes"]):
         chex, cat = V.CHEXPERT_OF.get(f["name"]) or "", V.MSCXR_OF.get(f["name"], "")
@@ -125,12 +132,38 @@ def _study(task) -> dict:
     row["mscxr"] = mscxr
     acq = {key: round(v, 5) for key, v in res["acquisition"].items()}
     row["gt"] = {"dicom_id": dicom_id, "study_id": study, "subject_id": subject, "split": split,
-                 "source": spec["source"], "openi_uid": spec["uid"], "view": spec["view"], "image_path": image_path,
+                 "source": spec["source"], "eval_target": spec["eval_target"], "openi_uid": spec["uid"], "view": spec["view"], "image_path": image_path,
                  "report_path": report_path, "latent_class": spec["latent_class"], "latent_class_prob": prob,
                  "latent_class_model_prob": model_prob, "latent_class_count": count, "n_findings": len(findings),
                  "findings": findings, "ctr": round(res["ctr"], 4), "lung_mask": res["lung_mask"],
                  "acquisition": json.dumps(acq, sort_keys=True), "report": report}
     return row
+
+
+CHEX5_LABELS = ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax")
+EVAL_PER_CLASS = 250  # >= 250 positives and >> 250 negatives per CheX5 class; the paper's CheX5 set has ~1,000 images
+
+
+class _Tally:
+    """Counts for phantom.json: studies per split, CheX5 positives (all, and 1/0 in the test split), boxes."""
+
+    def __init__(self):
+        self.splits: Counter = Counter()
+        self.chex5: Counter = Counter()
+        self.test: dict[str, Counter] = {c: Counter() for c in CHEX5_LABELS}
+        self.boxes: Counter = Counter()
+
+    def add(self, row: dict) -> None:
+        self.splits[row["split"]] += 1
+        for name in CHEX5_LABELS:
+            value = row["labels"][name]
+            self.chex5[name] += value == 1.0
+            if row["split"] == "test":
+                self.test[name]["positive" if value == 1.0 else "negative" if value == 0.0 else "unlabelled"] += 1
+        self.boxes.update(r["category_name"] for r in row["mscxr"])
+
+    def test_chex5(self) -> dict:
+        return {c: {k: int(v.get(k, 0)) for k in ("positive", "negative", "unlabelled")} for c, v in self.test.items()}
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -158,17 +191,27 @@ def _pool(workers: int, ctx: dict):
 
 
 def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, dicom: bool = False,
-             workers: int | None = None, fractions: tuple[float, float] = (0.8, 0.1), quality: int = 95,
-             overwrite: bool = False, progress: bool = True) -> dict:
-    """Write a phantom data set of ``n`` studies to ``out``; returns the summary also saved as phantom.json."""
+             workers: int | None = None, fractions: tuple[float, float] = (0.9, 0.1), quality: int = 95,
+             overwrite: bool = False, progress: bool = True, eval_per_class: int = EVAL_PER_CLASS) -> dict:
+    """Write a phantom data set to ``out``; returns the summary also saved as phantom.json.
+
+    ``n`` pool studies of ``source`` are split by subject into train / validate / test by ``fractions``
+    (train, validate; the rest test: none by default). The evaluation sets follow as the test split, on
+    subjects of their own (:func:`medclr.phantom.plan.eval_targets`): ``eval_per_class`` single-positive
+    studies per CheX5 class and ``eval_per_class // 5`` per other MS-CXR category (0: none).
+    """
     if source not in SOURCES:
         raise MedclrError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
     if not (1 <= int(n) <= 10_000_000):
         raise MedclrError(f"--n {n}: expected a number of studies between 1 and 10,000,000")
     if not (MIN_SIZE <= int(size) <= MAX_SIZE):
         raise MedclrError(f"--size {size}: expected an image side between {MIN_SIZE} and {MAX_SIZE} px")
-    if not (0 < fractions[0] < 1 and 0 <= fractions[1] < 1 and fractions[0] + fractions[1] < 1):
-        raise MedclrError(f"--split {fractions}: expected train and validate fractions summing below 1")
+    if not (0 < fractions[0] <= 1 and 0 <= fractions[1] < 1 and fractions[0] + fractions[1] <= 1 + 1e-9):
+        raise MedclrError(f"--split {fractions}: expected train and validate fractions summing to at most 1")
+    if not (0 <= int(eval_per_class) <= 100_000):
+        raise MedclrError(f"--eval-per-class {eval_per_class}: expected 0..100000")
+    if int(eval_per_class) == 0 and fractions[0] + fractions[1] >= 1 - 1e-9:
+        raise MedclrError("no test split: pass --eval-per-class N (evaluation sets) or a --split with a test share")
     out = Path(out)
     _prepare_out(out, overwrite)
     material = load_material()  # built (or read) once here, inherited by forked workers
@@ -185,23 +228,28 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
         chunk = max(1, min(256, n // (8 * workers) or 1))
         classes = list(tqdm(run(_plan_class, range(n), chunk), total=n, desc="plan", unit="study",
                             disable=not progress, leave=False))
-        counts = Counter(classes)
-        model = {c: class_model_prob(material, source, c) for c in counts}
+        targets = eval_targets(int(eval_per_class))
+        eval_keys = list(enumerate(targets))
+        eval_classes = list(run(_plan_class, eval_keys, max(1, min(64, len(eval_keys) // (4 * workers) or 1))))
+        counts = Counter(classes)  # the pool's distribution: what training batches see
+        model = {c: class_model_prob(material, source, c) for c in set(classes) | set(eval_classes)}
         subj = subject_index(seed, n)
         first = np.r_[0, np.flatnonzero(np.diff(subj)) + 1]
         nth = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
-        tasks = ((k, int(subj[k]), int(nth[k]), counts[classes[k]] / n, model[classes[k]], counts[classes[k]])
-                 for k in range(n))
+        n_subjects = int(subj[-1]) + 1 if n else 0
+        keys = list(range(n)) + eval_keys
+        all_classes = classes + eval_classes
+        subjects = np.r_[subj, n_subjects + np.arange(len(eval_keys))]  # one new subject per evaluation study
+        nths = np.r_[nth, np.zeros(len(eval_keys), dtype=np.int64)]
+        tasks = ((k, keys[k], int(subjects[k]), int(nths[k]), counts[all_classes[k]] / n, model[all_classes[k]],
+                  counts[all_classes[k]]) for k in range(len(keys)))
         writer = W.DatasetWriter(out)
-        splits: Counter = Counter()
-        chex5: Counter = Counter()
+        tally = _Tally()
         try:
             results = run(_study, tasks, max(1, min(16, chunk)))
-            for row in tqdm(results, total=n, desc="phantom", unit="study", disable=not progress):
+            for row in tqdm(results, total=len(keys), desc="phantom", unit="study", disable=not progress):
                 writer.add(row)
-                splits[row["split"]] += 1
-                for name in ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax"):
-                    chex5[name] += row["labels"][name] == 1.0
+                tally.add(row)
         finally:
             writer.close()
     except BaseException:
@@ -220,8 +268,10 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
             fh.write(f'"{c}",{cnt},{cnt / n:.8g},{model[c]:.8g}\n')
     summary = {"status": "complete", "version": __version__, "n": int(n), "seed": int(seed), "source": source,
                "size": int(size), "dicom": bool(dicom), "split_fractions": list(fractions),
-               "splits": dict(sorted(splits.items())),
-               "n_classes": len(counts), "chex5_positive": dict(chex5), "mscxr_boxes": writer.n_boxes,
+               "splits": dict(sorted(tally.splits.items())), "n_total": len(keys),
+               "eval_per_class": int(eval_per_class), "eval_studies": len(eval_keys),
+               "n_classes": len(counts), "chex5_positive": dict(tally.chex5), "test_chex5": tally.test_chex5(),
+               "mscxr_boxes": writer.n_boxes, "mscxr_boxes_by_category": dict(sorted(tally.boxes.items())),
                "latent_class": "sorted canonical rendered findings, ':side' for lateral findings whose side the "
                                "report states; 'normal' when none",
                "latent_class_prob": "frequency of the class among the n generated studies",

@@ -29,6 +29,12 @@ from medclr.phantom import vocab as V
 from medclr.phantom.renderer import stream
 
 SOURCES = ("openi", "composed", "both")
+# The evaluation sets (test split) are drawn class by class: CheX5 classes single-positive (the paper's
+# CheX5 set, CheXpert 5x200-style), then the other three MS-CXR grounding categories with no CheX5
+# finding. Their random streams are keyed from EVAL_K0 on, far above any study number of the pool.
+CHEX5_TARGETS = ("cardiomegaly", "edema", "pleural_effusion", "pneumonia", "pneumothorax")
+GROUNDING_TARGETS = ("atelectasis", "consolidation", "opacity")
+EVAL_K0 = 1 << 40
 DEVICE_KINDS = {"central_line": 0.4, "tube": 0.25, "pacemaker": 0.2, "sternotomy": 0.1, "surgical_clips": 0.05}
 KIND_CHOICES = {"nodule": (("nodule", 0.55), ("calcified", 0.3), ("mass", 0.15)),
                 "atelectasis": (("plate", 0.7), ("wedge", 0.3)), "tube": (("et", 0.6), ("ng", 0.4)),
@@ -153,9 +159,24 @@ def _plan_openi(material, seed: int, j: int, rng) -> dict:
             "latent_class": classes[r]}
 
 
-def _plan_composed(material, rng) -> dict:
+def _target_cum(material, target: str) -> np.ndarray:
+    """Cumulative CheXpert set probabilities restricted to sets holding ``target`` and no other CheX5 finding."""
     t = _composed_tables(material)
-    idx = int(np.searchsorted(t["cum"], rng.random(), side="right").clip(0, len(t["cum"]) - 1))
+    cache = t.setdefault("target_cum", {})
+    if target not in cache:
+        others = set(CHEX5_TARGETS) - {target}
+        keep = np.array([target in s and not (others & set(s)) for s in material.chex_sets], dtype=np.float64)
+        if not keep.any():
+            raise ValueError(f"no CheXpert label set holds {target} alone")
+        cum = np.cumsum(material.chex_probs * keep)
+        cache[target] = cum / cum[-1]
+    return cache[target]
+
+
+def _plan_composed(material, rng, target: str | None = None) -> dict:
+    t = _composed_tables(material)
+    cum = t["cum"] if target is None else _target_cum(material, target)
+    idx = int(np.searchsorted(cum, rng.random(), side="right").clip(0, len(cum) - 1))
     findings = []
     for name in material.chex_sets[idx]:
         if name == "device":
@@ -175,6 +196,37 @@ def _plan_composed(material, rng) -> dict:
             "negated": text["negated"], "latent_class": V.latent_class([f for f in findings if f["name"] != "technical"])}
 
 
+def eval_targets(per_class: int) -> list[str]:
+    """The target finding of each evaluation study, in order: ``per_class`` for every CheX5 class, then
+    ``per_class // 5`` (at least 1) for each other grounding category; none when ``per_class`` is 0."""
+    if per_class <= 0:
+        return []
+    other = max(1, per_class // 5)
+    return [c for c in CHEX5_TARGETS for _ in range(per_class)] + [c for c in GROUNDING_TARGETS for _ in range(other)]
+
+
+def plan_eval_study(material, seed: int, j: int, target: str) -> dict:
+    """Evaluation study ``j``: a composed study whose findings include ``target`` and no other CheX5
+    finding (redrawn until a sentence states the target). Independent of the pool's size."""
+    k = EVAL_K0 + int(j)
+    for attempt in range(64):
+        rng = stream(seed, k, "plan", attempt)
+        spec = _plan_composed(material, rng, target)
+        if any(f["name"] == target for f in spec["findings"]):
+            break
+    else:
+        raise ValueError(f"evaluation study {j}: no sentence states {target} after 64 draws")
+    _view(spec, rng)
+    spec.update(seed=int(seed), k=k, eval_target=target)
+    return spec
+
+
+def _view(spec: dict, rng) -> None:
+    names = {f["name"] for f in spec["findings"]}
+    icu = bool(names & {"central_line", "tube", "edema", "pneumothorax"})
+    spec["view"] = "AP" if rng.random() < (0.55 if icu else 0.2) else "PA"
+
+
 def plan_study(material, source: str, seed: int, k: int) -> dict:
     """The spec of study ``k``: findings (with attributes and sentence), report text, view, class."""
     rng = stream(seed, k, "plan")
@@ -184,8 +236,6 @@ def plan_study(material, source: str, seed: int, k: int) -> dict:
         spec = _plan_openi(material, seed, k, rng)
     else:
         spec = _plan_composed(material, rng)
-    names = {f["name"] for f in spec["findings"]}
-    icu = bool(names & {"central_line", "tube", "edema", "pneumothorax"})
-    spec["view"] = "AP" if rng.random() < (0.55 if icu else 0.2) else "PA"
-    spec.update(seed=int(seed), k=int(k))
+    _view(spec, rng)
+    spec.update(seed=int(seed), k=int(k), eval_target="")
     return spec
