@@ -338,7 +338,7 @@ def test_phantom_dcl_true_and_dcl_lm_train(tmp_path):
 
     ph = tmp_path / "phantom"
     proc = subprocess.run([sys.executable, "-m", "medclr", "phantom", "--out", str(ph), "--n", "48", "--size", "64",
-                           "--seed", "1", "--quiet"], env=_env(), capture_output=True, text=True, timeout=600)
+                           "--seed", "1", "--eval-per-class", "4", "--quiet"], env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     df = attach_ground_truth(read_mimic_cxr_jpg(ph, views=None), ph)
     manifest = write_manifest(df, tmp_path / "manifest.parquet", ph)

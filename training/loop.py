@@ -1,11 +1,12 @@
 """The training loop: pre-flight checks, model/loss/data/optimizer setup, steps, checkpoints, resume.
 
-What the loss sees: the image tower's global embedding and the text tower's sentence embedding
-(B x D each, cast to float32); every medclr loss scores embeddings (its own all-gather makes the
-candidates global under DDP, and its sum(local rows) * W / B reduction makes DDP's gradient
-average the exact full-batch gradient, so no world-size factor appears here). The similarity
-head is saved with the model but not trained: with model.head=lse_nl it stays at its
-initialisation (identity non-local block + LSE pooling), see docs/training.md.
+What the loss sees: with the cosine head, the image tower's global embedding and the text tower's
+sentence embedding (B x D each, cast to float32; the loss's own all-gather makes the candidates
+global under DDP). With model.head=lse_nl, the similarity blocks of the head (local images x all
+sentences, local sentences x all images; score_blocks gathers the NL-contextualised region cells
+and the sentence embeddings with gradient), so the head is trained with the towers, inside DDP and
+the optimizer. Either way the losses' sum(local rows) * W / B reduction makes DDP's gradient
+average the exact full-batch gradient, so no world-size factor appears here (docs/training.md).
 
 Exactness of resume rests on three things: data randomness is a function of (seed, epoch,
 index) (training/data.py); the sampler position is the step (training/sampler.py); everything
@@ -27,7 +28,9 @@ import torch
 from torch import nn
 
 from medclr.errors import MedclrError
+from medclr.losses.distributed import score_blocks
 from training import checkpoint as ckpt_mod
+from training.budget import StepBudget
 from training.config import dump_yaml, loss_kwargs, needs_num_samples
 from training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table
 from training.distributed import DistEnv, all_reduce_mean, average_grads, barrier, broadcast_object, cleanup, env_world, setup
@@ -39,14 +42,22 @@ log = logging.getLogger(__name__)
 
 
 class TwoTower(nn.Module):
-    """The part DDP wraps: images -> global embedding, tokens -> sentence embedding."""
+    """The part DDP wraps: images -> the head's image side, tokens -> sentence embedding.
 
-    def __init__(self, image_encoder: nn.Module, text_encoder: nn.Module) -> None:
+    Cosine head: the global embedding (the loss pairs embeddings, exactly as before heads were
+    trained). Any other head (LSE+NL): ``head.image_side`` (NL-contextualised unit region cells), so
+    the head's parameters are inside DDP and the optimizer; the loss then scores pairs through
+    ``head.score`` on the gathered sides (``medclr.losses.distributed.score_blocks``)."""
+
+    def __init__(self, image_encoder: nn.Module, text_encoder: nn.Module, head: nn.Module | None = None) -> None:
         super().__init__()
-        self.image_encoder, self.text_encoder = image_encoder, text_encoder
+        self.image_encoder, self.text_encoder, self.head = image_encoder, text_encoder, head
 
     def forward(self, images: torch.Tensor, tokens: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.image_encoder(images).global_emb, self.text_encoder(**tokens).embedding
+        features, text = self.image_encoder(images), self.text_encoder(**tokens).embedding
+        if self.head is None:
+            return features.global_emb, text
+        return self.head.image_side(features), text
 
 
 @dataclass
@@ -147,9 +158,10 @@ def _build(plan: Plan, env: DistEnv):
     channels_last = env.device.type == "cuda" if m["channels_last"] == "auto" else bool(m["channels_last"])
     model = build_dual_encoder(plan.text_model, arch=m["arch"], joint_dim=int(m["joint_dim"]), head=m["head"],
                                image_pretrained=m["image_pretrained"], projector=m["projector"],
-                               channels_last=channels_last, pooling=m["pooling"], max_length=int(m["max_length"]))
+                               channels_last=channels_last, pooling=m["pooling"], max_length=int(m["max_length"]),
+                               output_stride=int(m["output_stride"]))
     if m["head"] != "cosine":
-        log.warning("model.head=%s: the losses score global embeddings, so this head is saved untrained", m["head"])
+        model.head.trained = True  # the loss scores pairs through it (TwoTower, score_blocks)
     kwargs = loss_kwargs(cfg)
     if needs_num_samples(cfg["loss"]["name"]):
         kwargs["num_samples"] = len(plan.table)
@@ -171,7 +183,8 @@ def _run(plan: Plan, env: DistEnv) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         ckpt_mod.clean_stale(out)
     model, loss = _build(plan, env)
-    tower = TwoTower(model.image_encoder, model.text_encoder)
+    head = None if model.head.kind == "cosine" else model.head
+    tower = TwoTower(model.image_encoder, model.text_encoder, head)
     o = cfg["optim"]
     groups = param_groups(model, loss, [tower], float(o["lr"]), None if o["lr_text"] is None else float(o["lr_text"]),
                           float(o["weight_decay"]))
@@ -253,7 +266,7 @@ def _run(plan: Plan, env: DistEnv) -> dict:
 
     start_step, last_loss, val_res = step, None, {}
     window = (time.perf_counter(), step)
-    first_done_t = None
+    budget = None if state["budget_fixed"] else StepBudget(float(cfg["train"]["max_minutes"]) * 60.0, total)
     it = iter(loader)
     try:
         while step < total:
@@ -266,9 +279,12 @@ def _run(plan: Plan, env: DistEnv) -> dict:
                 loss.zeta_lr = zeta_lr_at(step, zeta_base[0], freeze, total, zeta_sched)
                 loss.zeta_lr_img = zeta_lr_at(step, zeta_base[1], freeze, total, zeta_sched)
             with torch.autocast(env.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                img_emb, txt_emb = runner(images, tokens)
+                img_side, txt_emb = runner(images, tokens)
             # exps/logs in float32: the losses upcast and disable autocast themselves; be explicit anyway
-            value = loss(img_emb.float(), txt_emb.float(), index=index, eta=eta)
+            if head is None:
+                value = loss(img_side.float(), txt_emb.float(), index=index, eta=eta)
+            else:
+                value = loss(sims=score_blocks(head.score, img_side.float(), txt_emb.float()), index=index, eta=eta)
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
                 scaler.scale(value).backward()
@@ -285,13 +301,14 @@ def _run(plan: Plan, env: DistEnv) -> dict:
                 optimizer.step()
             scheduler.step()
             step += 1
-            if first_done_t is None:
-                first_done_t = (time.perf_counter(), step)  # the first step pays one-off costs
-
-            if not state["budget_fixed"] and step - first_done_t[1] >= 5:
-                total = _fix_budget(cfg, env, step, first_done_t, elapsed(), total)
-                schedule.total, state["budget_fixed"] = total, True
-                metrics.set_total(total)
+            if budget is not None:
+                fitted = budget.observe(step, time.perf_counter(), elapsed(), total)
+                if fitted is not None:
+                    total = _fix_budget(cfg, env, fitted, total)
+                    schedule.total = total
+                    metrics.set_total(total)
+                    if budget.done(step, total):
+                        state["budget_fixed"], budget = True, None
 
             metrics.advance(1)
             if step % int(cfg["log"]["every"]) == 0 or step == total:
@@ -322,13 +339,9 @@ def _run(plan: Plan, env: DistEnv) -> dict:
             "val": val_res}
 
 
-def _fix_budget(cfg: dict, env: DistEnv, step: int, first_done: tuple, elapsed_s: float, total: int) -> int:
-    """Steps that fit in train.max_minutes, from the measured step time (rank 0 decides for all)."""
-    per_step = (time.perf_counter() - first_done[0]) / max(1, step - first_done[1])
-    remaining = float(cfg["train"]["max_minutes"]) * 60.0 - elapsed_s
-    budget = step + int(max(0.0, remaining) * 0.97 / per_step)  # 3 %: logging, checkpoints
-    new_total = broadcast_object(max(step, min(total, budget)), env)
-    if env.is_main and new_total < total:
-        log.info("train.max_minutes=%s: %.2f s/step -> %d steps instead of %d", cfg["train"]["max_minutes"],
-                 per_step, new_total, total)
+def _fix_budget(cfg: dict, env: DistEnv, fitted: int, total: int) -> int:
+    """Rank 0's fitted step count for train.max_minutes, the same on every rank."""
+    new_total = broadcast_object(fitted, env)
+    if env.is_main and new_total != total:
+        log.info("train.max_minutes=%s: %d steps instead of %d", cfg["train"]["max_minutes"], new_total, total)
     return new_total

@@ -80,7 +80,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help=f"positions, special tokens included (default {d.max_length})")
     p.add_argument("--epochs", type=float, default=d.epochs, help=f"passes over the sentences (default {d.epochs:g})")
     p.add_argument("--max-minutes", type=float, default=d.max_minutes,
-                   help=f"wall-clock budget; the LR schedule is fitted to it (default {d.max_minutes:g})")
+                   help="optional wall-clock cap on top of --epochs; the LR schedule is fitted to it (default: none, "
+                        "so the same command gives the same LM on any machine)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"default {d.batch_size}")
     p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr:g})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"default {d.seed}")

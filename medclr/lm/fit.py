@@ -13,7 +13,8 @@ of positions that carry no label). Batches group sentences of similar length.
 Sentences are used with their repeats: frequency is exactly what the LM should
 learn, because PLL -> eta estimates how common a sentence's class is.
 
-The budget is ``epochs`` or ``max_minutes``, whichever ends first. The
+The budget is ``epochs`` (the default: the same LM on every machine), or ``epochs`` and
+``max_minutes``, whichever ends first. With a time budget the
 learning-rate schedule (linear warmup, linear decay) runs on the run's
 progress = max(steps done / planned steps, time used / time budget), so a run
 that the clock stops (a slow or shared machine) still ends its decay. A run
@@ -57,7 +58,7 @@ class FitConfig:
     heads: int = 4
     max_length: int = 128
     epochs: float = 4.0
-    max_minutes: float = 5.0
+    max_minutes: float | None = None  # None: the epochs alone decide (the same LM on every machine)
     batch_size: int = 64
     lr: float = 1e-3
     weight_decay: float = 0.01
@@ -176,7 +177,7 @@ def fit_lm(
         raise MedclrError(f"only {len(sentences)} non-empty training sentences; fitting an LM needs a corpus")
     if cfg.hidden % cfg.heads:
         raise MedclrError(f"--hidden {cfg.hidden} must be a multiple of --heads {cfg.heads}")
-    if cfg.epochs <= 0 or cfg.max_minutes <= 0:
+    if cfg.epochs <= 0 or (cfg.max_minutes is not None and cfg.max_minutes <= 0):
         raise MedclrError("--epochs and --max-minutes must be positive")
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -211,7 +212,7 @@ def fit_lm(
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     total_steps = max(1, int(round(cfg.epochs * steps_per_epoch)))
-    budget_s = cfg.max_minutes * 60.0 - (time.monotonic() - t_start)  # what is left for training
+    budget_s = math.inf if cfg.max_minutes is None else cfg.max_minutes * 60.0 - (time.monotonic() - t_start)
 
     def lr_at(progress: float) -> float:
         """Linear warmup then linear decay over the run's progress in [0, 1]."""
@@ -241,7 +242,7 @@ def fit_lm(
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", refresh=False)
             # progress is steps done or time used, whichever is further: the LR schedule ends
             # its decay on time even when a slow (or shared) machine cannot do all the epochs
-            by_time = (time.monotonic() - t_train) / max(budget_s, 1e-9)
+            by_time = 0.0 if cfg.max_minutes is None else (time.monotonic() - t_train) / max(budget_s, 1e-9)
             progress_frac = max(step / total_steps, by_time)
             if progress_frac >= 1.0:
                 stopped_by = "epochs" if step >= total_steps else "max_minutes"
