@@ -15,6 +15,7 @@ examples:
   medclr eval --checkpoint runs/dcl_lm --data phantom/ --out runs/dcl_lm/eval
   medclr eval --checkpoint runs/dcl_lm --data work/manifest.parquet --out report/ --tasks zeroshot,grounding
   medclr eval --checkpoint runs/dcl_lm --data /data/mimic-cxr-jpg --prompts my_prompts.yaml --max-images 1000
+  medclr eval --checkpoint runs/dcl_s0 --checkpoint runs/dcl_s1 --checkpoint runs/dcl_s2 --data phantom/ --out eval_seeds
 
 --data is a manifest parquet (from `medclr prepare`; MS-CXR boxes are read from <stem>.mscxr.parquet
 beside it) or a MIMIC-CXR-JPG / CXR-Phantom root (MS_CXR_Local_Alignment_v*.csv inside it).
@@ -23,6 +24,13 @@ OUT/figures/*.png. Tasks: zeroshot (CheX5 AUC/ACC, test split labels), grounding
 MS-CXR category), retrieval (RoIAlign box features vs phrases: R@10/50/100, MedR, Recall), probe
 (logistic regression on train-split embeddings, 1/10/100 % labels; t-SNE by latent class on the
 phantom). The protocol is pinned in docs/evaluation.md.
+
+several checkpoints (--checkpoint repeated, e.g. one per training seed): each is evaluated alone,
+exactly as above, into OUT/<k>_<checkpoint dir name>/ (k = 1, 2, ...; the last example writes
+eval_seeds/1_dcl_s0/, 2_dcl_s1/, 3_dcl_s2/), and OUT/metrics.json + OUT/report.md pool them: mean ± sd
+over checkpoints, n, the 95 % Student-t CI of the mean over seeds, and each checkpoint's value beside
+it (with its bootstrap CI for zero-shot). OUT/metrics.json's "summary" holds the means and
+"summary_sd" the sample sds; the full statistics are under "pooled". One --checkpoint: as before.
 
 prompt file (--prompts, YAML or JSON):
   Cardiomegaly: {positive: [Cardiomegaly, The heart is enlarged], negative: Heart size normal}
@@ -49,7 +57,9 @@ def _positive(value: str) -> int:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a `medclr train` output directory")
+    parser.add_argument("--checkpoint", required=True, action="append", metavar="DIR",
+                        help="a `medclr train` output directory; repeat it to evaluate several (e.g. training seeds) "
+                        "and pool them: --checkpoint runs/s0 --checkpoint runs/s1 (see below)")
     parser.add_argument("--data", required=True, metavar="PATH", help="manifest parquet, or a MIMIC-CXR-JPG / phantom root")
     parser.add_argument("--out", default="eval", metavar="DIR", help="output directory (default: ./eval)")
     parser.add_argument("--split", default="test", choices=("test", "validate", "train"),
@@ -82,8 +92,10 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(args.data):
         raise MedclrError(f"--data {args.data!r}: no such file or directory (expected a manifest .parquet or a "
                           "MIMIC-CXR-JPG / CXR-Phantom root)")
-    if not os.path.isdir(args.checkpoint):
-        raise MedclrError(f"--checkpoint {args.checkpoint!r}: no such directory (expected a `medclr train` output dir)")
+    checkpoints = list(args.checkpoint)
+    for c in checkpoints:
+        if not os.path.isdir(c):
+            raise MedclrError(f"--checkpoint {c!r}: no such directory (expected a `medclr train` output dir)")
     if args.prompts is not None and not os.path.isfile(args.prompts):
         raise MedclrError(f"--prompts {args.prompts!r}: no such file (expected a YAML or JSON prompt file)")
     compare = {}
@@ -102,11 +114,21 @@ def run(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else (4 if device.startswith("cuda") else 0)
     if workers < 0 or args.n_boot < 0:
         raise MedclrError("--workers and --n-boot must be >= 0")
-    m = evaluate(args.checkpoint, args.data, args.out, tasks=args.tasks, split=args.split, prompts_file=args.prompts,
-                 max_images=args.max_images, max_train_images=args.max_train_images, max_phrases=args.max_phrases,
-                 mscxr_split=args.mscxr_split, batch_size=args.batch_size, workers=workers, device=device,
-                 n_boot=args.n_boot, seed=args.seed, figures=not args.no_figures, compare=compare)
-    s = m["summary"]
-    shown = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in s.items() if v is not None)
-    print(f"wrote {os.path.join(args.out, 'metrics.json')}: {shown} ({m['timing_s']['total']} s)")
+    kwargs = dict(tasks=args.tasks, split=args.split, prompts_file=args.prompts, max_images=args.max_images,
+                  max_train_images=args.max_train_images, max_phrases=args.max_phrases, mscxr_split=args.mscxr_split,
+                  batch_size=args.batch_size, workers=workers, device=device, n_boot=args.n_boot, seed=args.seed,
+                  figures=not args.no_figures, compare=compare)
+    if len(checkpoints) == 1:
+        m = evaluate(checkpoints[0], args.data, args.out, **kwargs)
+        s = m["summary"]
+        shown = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in s.items() if v is not None)
+        print(f"wrote {os.path.join(args.out, 'metrics.json')}: {shown} ({m['timing_s']['total']} s)")
+        return 0
+    from evaluation.seeds_report import mean_sd
+    from evaluation.seeds_run import evaluate_seeds
+
+    m = evaluate_seeds(checkpoints, args.data, args.out, **kwargs)
+    shown = ", ".join(f"{k} {mean_sd(e)}" for k, e in m["pooled"]["summary"].items() if e["n"])
+    print(f"wrote {os.path.join(args.out, 'metrics.json')} (pooled over {len(checkpoints)} checkpoints): {shown} "
+          f"({m['timing_s']['total']} s)")
     return 0

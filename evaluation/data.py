@@ -313,6 +313,10 @@ class Model:
         _classes, _prob, s_pos, s_neg = self.engine.zero_shot_scores(feats, prompts)
         return s_pos, s_neg
 
+    def prompt_embeddings(self, prompts) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """class -> (positive, negative) unit (D,) prompt-set embeddings, reduced as the zero-shot scores reduce them."""
+        return {c: (p.float().cpu().numpy(), n.float().cpu().numpy()) for c, (p, n) in self.engine.prompt_embeddings(prompts).items()}
+
     @torch.inference_mode()
     def texts(self, sentences: list[str]) -> torch.Tensor:
         return torch.from_numpy(self.engine.embed_texts(list(sentences))).to(self.device)

@@ -240,6 +240,8 @@ def _summary_rows(metrics: dict) -> list[list[Any]]:
 
 
 def markdown(metrics: dict, figs: dict[str, Any]) -> str:
+    from evaluation.diagnostics import markdown_lines
+
     m = metrics
     tr = m["model"].get("training") or {}
     lines = ["# medclr evaluation report", "",
@@ -279,7 +281,8 @@ def markdown(metrics: dict, figs: dict[str, Any]) -> str:
         lines += ["## Zero-shot classification (Table 3 shape)", "",
                   f"{z['n_images']} images; 95 % percentile-bootstrap CIs ({z['n_boot']} resamples). Labels −1/NaN are "
                   "left out per class.", "",
-                  *_table(["class", "AUC [95 % CI]", "ACC [95 % CI]", "n", "n pos", "AUC, shuffled labels"], rows), ""]
+                  *_table(["class", "AUC [95 % CI]", "ACC [95 % CI]", "n", "n pos", "AUC, shuffled labels"], rows), "",
+                  *markdown_lines(z)]  # evaluation.diagnostics: prompt cosine and sign check
         if tuple(cls) == ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax"):
             ours = [z["per_class"][c]["AUC"] for c in cls] + [z["macro"]["AUC"]]
             lines += ["Paper's Table 3 (MIMIC-CXR) beside this run:", "",

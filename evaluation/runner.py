@@ -238,6 +238,7 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
              compare: dict[str, str] | None = None) -> dict:
     """Run the evaluation and write ``out``/metrics.json, phrases.csv, report.md, figures/*.png."""
     from evaluation.data import load_eval_data
+    from evaluation.diagnostics import zeroshot_diagnostics
     from evaluation.report import jsonable, read_summary, summary, write_report
 
     t0 = time.perf_counter()
@@ -282,6 +283,7 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
     extras: dict[str, Any] = {}
     if "zeroshot" in run:
         metrics["zeroshot"] = zeroshot_task(enc, data, test_rows, prompts, n_boot, seed)
+        metrics["zeroshot"].update(zeroshot_diagnostics(model, enc, data, test_rows, prompts))  # prompt check
     if {"grounding", "retrieval"} & set(run):
         text = model.texts(ph.table["text"].tolist())
         in_train = int((ph.table["manifest_split"] == "train").sum())

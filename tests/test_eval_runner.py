@@ -100,6 +100,7 @@ def make_checkpoint(path, sentences, head, seed=0):
                                intermediate_size=64, max_position_embeddings=64)).save_pretrained(lm)
     torch.manual_seed(seed)
     model = build_dual_encoder(lm, joint_dim=32, head=head, image_pretrained="none")
+    model.head.trained = True  # stands for a trained checkpoint (an untrained lse_nl head is refused)
     model.save_pretrained(path)
     write_preprocess(path, 64, 72)  # shorter side -> 72, centre crop 64: a real crop, 2x2 region grid
     return path
