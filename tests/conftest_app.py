@@ -91,6 +91,7 @@ def make_checkpoint(out: Path, text_dir: Path, seed: int = 0, image_size: int = 
 
     torch.manual_seed(seed)
     model = build_dual_encoder(text_dir, arch="resnet18", joint_dim=32, head="lse_nl", image_pretrained="none")
+    model.head.trained = True  # stands for a trained checkpoint (an untrained lse_nl head is refused)
     model.save_pretrained(out)
     write_preprocess(out, image_size)
     g = torch.Generator().manual_seed(seed)

@@ -144,6 +144,10 @@ def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise MedclrError(f"device {device!r}: CUDA is not available on this machine; use --device cpu")
     model = DualEncoder.from_pretrained(src, map_location=device)
+    if model.head.kind != "cosine" and not getattr(model.head, "trained", False):
+        raise MedclrError(f"checkpoint {str(src)!r}: its {model.head.kind} head was never trained (the loss scored "
+                          "global embeddings when it was made), so its scores and heatmaps are noise; retrain with "
+                          "this version of `medclr train model.head=lse_nl`, or train with model.head=cosine")
     if model.tokenizer is None:
         raise MedclrError(f"checkpoint {str(src)!r}: no tokenizer/ directory; texts cannot be encoded")
     info = read_checkpoint_info(src)

@@ -1,6 +1,9 @@
 """Common front end of every image-text loss module.
 
-Calling convention: loss(image_emb, text_emb, index=None, eta=None) -> scalar tensor.
+Calling convention: loss(image_emb, text_emb, index=None, eta=None) -> scalar tensor, or
+loss(sims=(s_i2t, s_t2i), index=None, eta=None) with a similarity head's blocks (local images x all
+sentences, local sentences x all images, from medclr.losses.distributed.score_blocks), so every
+loss trains the LSE+NL head as it trains the cosine one.
 - image_emb, text_emb: this rank's b x d embeddings of b image-report pairs (row k of each
   is a positive pair). Any float dtype; the loss works in float32 (float64 stays float64)
   with autocast disabled, because an fp16 matmul quantises cosines to ~5e-4, i.e. ~0.05 nat
@@ -43,7 +46,10 @@ class ContrastiveLoss(nn.Module):
         x = upcast(x)
         return F.normalize(x, dim=-1) if self.normalize else x
 
-    def forward(self, image_emb: torch.Tensor, text_emb: torch.Tensor, index=None, eta=None, **extra):
+    def forward(self, image_emb: torch.Tensor | None = None, text_emb: torch.Tensor | None = None, index=None,
+                eta=None, *, sims: tuple[torch.Tensor, torch.Tensor] | None = None, **extra):
+        if sims is not None:
+            return self._forward_sims(sims, image_emb, text_emb, index=index, eta=eta, **extra)
         for name, x in (("image_emb", image_emb), ("text_emb", text_emb)):
             if not isinstance(x, torch.Tensor) or x.ndim != 2 or not x.is_floating_point():
                 got = (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__
@@ -55,6 +61,23 @@ class ContrastiveLoss(nn.Module):
             )
         with torch.autocast(device_type=image_emb.device.type, enabled=False):
             batch = GlobalBatch(self._prepare(image_emb), self._prepare(text_emb))
+            if batch.B < 2:
+                raise MedclrError("batch: a contrastive loss needs at least 2 pairs in the (global) batch")
+            return self.compute(batch, index=index, eta=eta, **extra)
+
+    def _forward_sims(self, sims, image_emb, text_emb, index=None, eta=None, **extra):
+        """A head's similarity blocks (``medclr.losses.distributed.score_blocks``) instead of embeddings."""
+        if image_emb is not None or text_emb is not None:
+            raise MedclrError("pass either image_emb and text_emb, or sims=(image-anchored, text-anchored), not both")
+        ok = isinstance(sims, (tuple, list)) and len(sims) == 2 and all(
+            isinstance(s, torch.Tensor) and s.ndim == 2 and s.is_floating_point() for s in sims)
+        if not ok or sims[0].shape != sims[1].shape:
+            raise MedclrError("sims: expected two floating-point b x B blocks of the same shape (local images x all "
+                              "sentences, local sentences x all images)")
+        with torch.autocast(device_type=sims[0].device.type, enabled=False):
+            batch = GlobalBatch(None, None, blocks=(upcast(sims[0]), upcast(sims[1])))
+            if batch.B != sims[0].shape[1]:
+                raise MedclrError(f"sims: {sims[0].shape[1]} columns, but the global batch holds {batch.B} pairs")
             if batch.B < 2:
                 raise MedclrError("batch: a contrastive loss needs at least 2 pairs in the (global) batch")
             return self.compute(batch, index=index, eta=eta, **extra)

@@ -31,7 +31,7 @@ class DCLLoss(ContrastiveLoss):
         self.eta = float(eta)
 
     def _eta(self, batch, eta):
-        return as_eta(self.eta, batch.b, batch.img)
+        return as_eta(self.eta, batch.b, batch.like)
 
     def compute(self, batch, index=None, eta=None):
         eta_rows = self._eta(batch, eta)
@@ -54,4 +54,4 @@ class DCLLMLoss(DCLLoss):
     def _eta(self, batch, eta):
         if eta is None:
             raise MedclrError("eta: dcl_lm needs the per-pair class probability eta (a tensor of shape (b,))")
-        return as_eta(eta, batch.b, batch.img)
+        return as_eta(eta, batch.b, batch.like)

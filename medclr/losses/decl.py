@@ -83,7 +83,7 @@ class DeCLLoss(ContrastiveLoss):
         train, tau, step = self.training, self.tau, int(self.step)
         tables = self.num_samples is not None
         if tables and train:
-            idx = check_index(index, batch.b, self.num_samples, batch.img.device)
+            idx = check_index(index, batch.b, self.num_samples, batch.device)
             idx_all = batch.gather(idx).to(self.rate_img.device)
         parts = []
         for s in batch.sims():

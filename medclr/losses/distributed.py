@@ -89,31 +89,36 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
 class GlobalBatch:
     """The local anchors and global candidates of one step (see the module docstring).
 
-    img, txt: this rank's prepared (float32+, normalised) embeddings, b x d.
-    img_all, txt_all: all ranks' embeddings, B x d, differentiable.
+    From embeddings (the cosine case): img, txt are this rank's prepared (float32+, normalised)
+    b x d embeddings; img_all, txt_all all ranks' B x d, differentiable.
+    From similarity blocks (a head's scores, :func:`score_blocks`): ``blocks`` = (image-anchored
+    b x B, text-anchored b x B); img, txt, img_all, txt_all are None.
     pos: global column of each local anchor's positive (offset + arange(b)).
     """
 
-    def __init__(self, img: torch.Tensor, txt: torch.Tensor):
+    def __init__(self, img: torch.Tensor | None, txt: torch.Tensor | None,
+                 blocks: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.rank, self.world = dist_info()
-        self.b = img.shape[0]
-        if self.world == 1:
-            self.sizes = [self.b]
-            self.img_all, self.txt_all = img, txt
-        else:
-            self.sizes = _gather_sizes(self.b, img.device)
+        ref = img if blocks is None else blocks[0]
+        self.b, self.device, self.dtype = ref.shape[0], ref.device, ref.dtype
+        self.like = ref  # device and dtype for per-pair tensors (eta, weights)
+        self.sizes = [self.b] if self.world == 1 else _gather_sizes(self.b, ref.device)
+        self.img, self.txt, self.img_all, self.txt_all = img, txt, img, txt
+        if blocks is None and self.world > 1:
             self.img_all = gather_with_grad(img, self.sizes)
             self.txt_all = gather_with_grad(txt, self.sizes)
-        self.img, self.txt = img, txt
+        self._blocks = blocks
         self.B = sum(self.sizes)
         self.offset = sum(self.sizes[: self.rank])
-        self.pos = torch.arange(self.b, device=img.device) + self.offset
+        self.pos = torch.arange(self.b, device=ref.device) + self.offset
 
     def sims(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image-anchored b x B, text-anchored b x B) cosine similarities.
+        """(image-anchored b x B, text-anchored b x B) similarities.
 
-        Single process: one B x B product and its transpose (half the work of two products).
+        Embeddings, single process: one B x B product and its transpose (half the work of two).
         """
+        if self._blocks is not None:
+            return self._blocks
         if self.world == 1:
             s = self.img @ self.txt.T
             return s, s.T
@@ -129,3 +134,23 @@ class GlobalBatch:
     def reduce_rows(self, per_row: torch.Tensor) -> torch.Tensor:
         """sum(local rows) * W / B: DDP's averaging then yields the full-batch mean's gradient."""
         return per_row.sum() * (self.world / self.B)
+
+
+def score_blocks(score, image_side: torch.Tensor, text_emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A head's similarity blocks for the losses: (local images x all sentences, local sentences x
+    all images), each b x B with the positive of local row k at column offset + k.
+
+    ``score(image_side, text_emb) -> B_img x B_txt`` is the head's pairing (``head.score``);
+    ``image_side`` is the per-image part (``head.image_side(features)``: unit global embeddings, or
+    the unit NL-contextualised region cells b x N x D). Both sides are gathered WITH gradient, so the
+    losses' sum * W / B reduction and DDP's average give the full-batch gradient of the head and
+    both towers, as for embeddings. Single process: one B x B block and its transpose.
+    """
+    rank, world = dist_info()
+    if world == 1:
+        s = score(image_side, text_emb)
+        return s, s.T
+    sizes = _gather_sizes(image_side.shape[0], image_side.device)
+    img_all = gather_with_grad(image_side, sizes)
+    txt_all = gather_with_grad(text_emb, sizes)
+    return score(image_side, txt_all), score(img_all, text_emb).T

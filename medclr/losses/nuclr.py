@@ -99,7 +99,7 @@ class NUCLRLoss(ContrastiveLoss):
 
     def compute(self, batch, index=None, eta=None):
         # Collectives run on the embeddings' device (NCCL needs CUDA tensors); tables may live elsewhere.
-        idx = check_index(index, batch.b, self.num_samples, batch.img.device)
+        idx = check_index(index, batch.b, self.num_samples, batch.device)
         idx_all = batch.gather(idx).to(self.u_img.device)
         pos_t = batch.pos.to(self.u_img.device)
         tau, n, B = self.tau, self.num_samples, batch.B

@@ -16,7 +16,8 @@ Weighted positive pairs (Sec. 4.1: (1/2n) sum_i p_ii' (l(x_i, x_i') + l(x_i', x_
 `weight` (b,) >= 0 to forward; weights are rescaled to mean 1 over the global batch (the
 paper's p_ii' is only defined up to proportionality), so uniform weights change nothing.
 
-With normalize=True (default) ||x - y||^2 = 2 - 2 cos, bounded by 4, and tau ~ 1 is the
+With normalize=True (default) ||x - y||^2 = 2 - 2 cos, bounded by 4 (on a head's scores, e.g.
+LSE+NL, the same d^2 = 2 - 2 s of the pooled similarity), and tau ~ 1 is the
 useful range (the paper grid-searches tau in {1, 2, 5, 10}); normalize=False gives the
 Euclidean feature space of the paper's Sec. 3.1.4.
 """
@@ -54,13 +55,16 @@ class TInfoNCELoss(ContrastiveLoss):
             return None
         if not isinstance(weight, torch.Tensor) or weight.shape != (batch.b,):
             raise MedclrError(f"weight: expected a tensor of shape ({batch.b},) of positive-pair weights")
-        w = weight.detach().to(device=batch.img.device, dtype=batch.img.dtype)
+        w = weight.detach().to(device=batch.device, dtype=batch.dtype)
         total = batch.gather(w).sum()
         if bool((w < 0).any()) or not bool(total > 0):
             raise MedclrError("weight: expected non-negative weights with a positive sum")
         return w * (batch.B / total)
 
     def compute(self, batch, index=None, eta=None, weight=None):
+        if batch.img is None and not self.normalize:
+            raise MedclrError("t_infonce with normalize=False needs embeddings (Euclidean distances); a head's "
+                              "similarity scores only define the kernel on the sphere (normalize=True: d^2 = 2 - 2 s)")
         w = self._weights(batch, weight)
         s_i2t, s_t2i = batch.sims()
         lk = self._log_kernel(batch.img, batch.txt_all, s_i2t)

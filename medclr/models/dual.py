@@ -155,6 +155,7 @@ def build_dual_encoder(
     projector: str = "linear",
     input_norm: str = "imagenet",
     channels_last: bool = False,
+    output_stride: int = 32,
     pooling: str = "cls",
     max_length: int = 128,
     allow_network: bool = False,
@@ -164,7 +165,7 @@ def build_dual_encoder(
     ``text_model`` (local dir or cached hub id) + a head. Seed torch before calling for a
     reproducible initialisation."""
     image = ImageEncoder(arch, joint_dim=joint_dim, projector=projector, pretrained=image_pretrained,
-                         input_norm=input_norm, channels_last=channels_last)
+                         input_norm=input_norm, channels_last=channels_last, output_stride=output_stride)
     text = TextEncoder.from_pretrained(text_model, joint_dim=joint_dim, pooling=pooling, max_length=max_length,
                                        allow_network=allow_network, trust_remote_code=trust_remote_code)
     return DualEncoder(image, text, build_head(dict(head) if isinstance(head, Mapping) else head, dim=joint_dim))

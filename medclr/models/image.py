@@ -3,7 +3,10 @@
 Geometry (same as BioViL, see docs/models.md):
 - input ``B x 1 x H x W`` float in [0, 1] (the `medclr.io.read_image` convention; air dark);
 - the trunk is the ResNet cut after ``layer4`` (stride 32), so the region grid is
-  ``h x w = ceil(H/32) x ceil(W/32)`` (224 -> 7x7, 480 -> 15x15, 512 -> 16x16);
+  ``h x w = ceil(H/32) x ceil(W/32)`` (224 -> 7x7, 480 -> 15x15, 512 -> 16x16); with
+  ``output_stride=16`` the first block of ``layer4`` keeps stride 1 (an unstrided last stage, as
+  DeepLab's output stride 16 but without dilation, which torchvision's BasicBlock lacks), so small
+  CPU crops still give a grid that can localise (128 -> 8x8, 96 -> 6x6);
 - ``regions`` are the ``layer4`` map projected to the joint dim by a 1x1 conv (``projector="linear"``,
   the "linear mapping to a 128-d space" of the sample-specific debiasing paper, §4.2) or BioViL's
   two-layer 1x1-conv projector (``projector="mlp"``): ``B x D x h x w``, channel-first like every
@@ -86,9 +89,20 @@ def cached_imagenet_weights(arch: str) -> Path | None:
     return None
 
 
-def grid_size(height: int, width: int) -> tuple[int, int]:
-    """Region grid of a ResNet cut after layer4: every stride-2 stage rounds up, so ceil(x / 32)."""
-    return math.ceil(height / _STRIDE), math.ceil(width / _STRIDE)
+def grid_size(height: int, width: int, output_stride: int = _STRIDE) -> tuple[int, int]:
+    """Region grid of a ResNet cut after layer4: every stride-2 stage rounds up, so ceil(x / stride)."""
+    return math.ceil(height / output_stride), math.ceil(width / output_stride)
+
+
+def _unstride_last_stage(layer4: nn.Sequential) -> None:
+    """layer4's first block at stride 1 (its 3x3 conv and its 1x1 shortcut): output stride 32 -> 16.
+    The weights are unchanged (a stride only changes where a kernel is applied), so ImageNet
+    initialisation still fits."""
+    block = layer4[0]
+    conv = block.conv2 if hasattr(block, "conv3") else block.conv1  # Bottleneck strides its 3x3 conv2
+    conv.stride = (1, 1)
+    if block.downsample is not None:
+        block.downsample[0].stride = (1, 1)
 
 
 class ImageEncoder(nn.Module):
@@ -103,6 +117,7 @@ class ImageEncoder(nn.Module):
             "imagenet" = require the cached file (MedclrError if missing); "none" = random init.
         weights_path: an explicit torchvision ResNet state-dict file (.pth); implies ImageNet init.
         input_norm: "imagenet" or "none" (see module docstring).
+        output_stride: 32 (torchvision's ResNet) or 16 (unstrided last stage: a 4x finer region grid).
         channels_last: run the trunk in channels-last memory format (faster convs on many CPUs/GPUs;
             outputs are the same up to float rounding).
     """
@@ -116,8 +131,11 @@ class ImageEncoder(nn.Module):
         weights_path: str | os.PathLike | None = None,
         input_norm: str = "imagenet",
         channels_last: bool = False,
+        output_stride: int = _STRIDE,
     ) -> None:
         super().__init__()
+        if output_stride not in (16, 32):
+            raise MedclrError(f"image output_stride {output_stride!r}: expected 32 or 16")
         if arch not in _ARCHS:
             raise MedclrError(f"image arch {arch!r}: expected one of {sorted(_ARCHS)}")
         if projector not in ("linear", "mlp"):
@@ -132,6 +150,9 @@ class ImageEncoder(nn.Module):
 
         resnet = builder(weights=None)  # weights=None: torchvision never downloads
         self.init = self._maybe_load_imagenet(resnet, weights_path)
+        self.output_stride = int(output_stride)
+        if self.output_stride == 16:
+            _unstride_last_stage(resnet.layer4)
         # Keep torchvision's child names so ImageNet state dicts (minus fc) line up key for key.
         names = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")
         self.trunk = nn.Sequential(OrderedDict((n, getattr(resnet, n)) for n in names))
@@ -221,6 +242,7 @@ class ImageEncoder(nn.Module):
             "pretrained": self.pretrained,
             "input_norm": self.input_norm,
             "channels_last": self.channels_last,
+            "output_stride": self.output_stride,
             "init": self.init,  # provenance only: what the trunk started from when it was built
         }
 
@@ -228,7 +250,7 @@ class ImageEncoder(nn.Module):
     def from_config(cls, cfg: dict[str, Any], load_weights: bool = True) -> "ImageEncoder":
         """Rebuild from :meth:`to_config`. ``load_weights=False`` skips the ImageNet file (the caller
         is about to load a checkpoint over it)."""
-        known = {"arch", "joint_dim", "projector", "pretrained", "input_norm", "channels_last"}
+        known = {"arch", "joint_dim", "projector", "pretrained", "input_norm", "channels_last", "output_stride"}
         kwargs = {k: v for k, v in cfg.items() if k in known}
         if not load_weights:
             kwargs["pretrained"] = "none"

@@ -6,6 +6,12 @@ sentence, so with paired batches the diagonal holds the positives, as the losses
 lie in [-1, 1] (see each head). ``region_scores`` gives the B_img x B_txt x h x w region-sentence
 cosine maps that grounding heatmaps show.
 
+For training, a head splits in two: ``image_side(features)`` is everything that depends on one image
+alone (the unit global embedding; the NL-contextualised unit region cells), and ``score(image_side,
+text_emb)`` pairs it with sentences. ``forward = score(image_side(.), .)``. Under torch.distributed
+the image sides are what gets all-gathered (``medclr.losses.distributed.score_blocks``), so the
+loss sees local images x all sentences and local sentences x all images, and the head is trained.
+
 LSE+NL follows the similarity used in the sample-specific debiasing paper (Wang et al., MLHC 2023,
 §4.2 "We use LSE+NL (Wang et al., 2023) as the similarity function s", i.e. Wang, Wells, Berkowitz,
 Horng, Golland, *Using Multiple Instance Learning to Build Multimodal Representations*, IPMI 2023):
@@ -75,9 +81,17 @@ class CosineHead(nn.Module):
         super().__init__()
         self.dim = dim
 
+    def image_side(self, image: ImageFeatures) -> torch.Tensor:
+        """B x D unit global embeddings."""
+        return nn.functional.normalize(_up(image.global_emb), dim=-1)
+
+    def score(self, image_side: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """``image_side`` as :meth:`image_side` makes it (unit rows): not normalised again, so the
+        blocks are bit-identical to the losses' own product of normalised embeddings."""
+        return image_side @ nn.functional.normalize(_up(text_emb), dim=-1).to(image_side.dtype).T
+
     def forward(self, image: ImageFeatures, text_emb: torch.Tensor) -> torch.Tensor:
-        img = nn.functional.normalize(_up(image.global_emb), dim=-1)
-        return img @ nn.functional.normalize(_up(text_emb), dim=-1).to(img.dtype).T
+        return self.score(self.image_side(image), text_emb)
 
     def region_scores(self, image: ImageFeatures, text_emb: torch.Tensor) -> torch.Tensor:
         """B_img x B_txt x h x w per-cell cosines (BioViL's heatmap before smoothing)."""
@@ -130,6 +144,7 @@ class LSENLHead(nn.Module):
         learn_gamma: learn log(gamma) with the encoders.
         non_local: False gives plain LSE pooling (ablation).
         inner_dim: NL bottleneck (default D // 2).
+        trained: whether a loss has scored pairs with this head (saved in config.json).
     """
 
     kind = "lse_nl"
@@ -141,8 +156,12 @@ class LSENLHead(nn.Module):
         learn_gamma: bool = False,
         non_local: bool = True,
         inner_dim: int | None = None,
+        trained: bool = False,
     ) -> None:
         super().__init__()
+        # set by the training loop when the loss scores pairs with this head; a checkpoint whose
+        # head was never trained (saved beside a loss on global embeddings) must not be served with it
+        self.trained = bool(trained)
         if gamma <= 0:
             raise MedclrError(f"LSE gamma {gamma}: expected > 0")
         self.dim, self.learn_gamma = int(dim), bool(learn_gamma)
@@ -169,13 +188,22 @@ class LSENLHead(nn.Module):
         s = _cell_text_cosines(self.contextualize(image.regions), text_emb)
         return s.reshape(s.shape[0], s.shape[1], h, w)
 
+    def image_side(self, image: ImageFeatures) -> torch.Tensor:
+        """B x (h*w) x D unit cells after the non-local block."""
+        return _cell_vectors(self.contextualize(image.regions))
+
+    def score(self, image_side: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """LSE over the cells of each image of its cell-sentence cosines: B_img x B_txt."""
+        text = nn.functional.normalize(_up(text_emb), dim=-1).to(image_side.dtype)
+        return lse_pool(torch.einsum("bnd,td->btn", image_side, text), self.gamma, dim=-1)
+
     def forward(self, image: ImageFeatures, text_emb: torch.Tensor) -> torch.Tensor:
-        s = _cell_text_cosines(self.contextualize(image.regions), text_emb)
-        return lse_pool(s, self.gamma, dim=-1)
+        return self.score(self.image_side(image), text_emb)
 
     def to_config(self) -> dict[str, Any]:
         return {
             "type": self.kind,
+            "trained": self.trained,
             "dim": self.dim,
             "gamma": float(self.gamma.detach()),
             "learn_gamma": self.learn_gamma,
