@@ -22,6 +22,7 @@ import numpy as np
 
 from app import render
 from medclr.errors import MedclrError
+from medclr.inference.engine import MIN_MAP_RANGE, has_localised_signal, map_range
 from medclr.io import MAX_PIXELS, read_header, read_image
 
 log = logging.getLogger("medclr.app")
@@ -140,6 +141,10 @@ class AppService:
             raise MedclrError("the phrase is longer than 500 characters; please shorten it")
         up = self.upload(path)
         grid = self.engine.ground_grid(up.encoded, str(phrase), sigma=self.smoothing)
+        if not has_localised_signal(grid):
+            return render.to_uint8(up.display), (
+                f"The model shows no localised signal for this phrase: its region scores span only "
+                f"{map_range(grid):.3f} (a localised match spans at least {MIN_MAP_RANGE:.2f}), so no heatmap is drawn.")
         geo = up.encoded.geometry.resized(*up.display.shape)
         heat = geo.to_original(grid, "bilinear")
         img, info = render.overlay(up.display, heat, scale="relative" if scale == "relative" else "absolute")

@@ -7,12 +7,15 @@ a shared machine hits every loss alike; each figure is the minimum over --steps 
 --warmup untimed ones (other processes only ever add time, so the minimum is the least contaminated
 estimate; the median is printed alongside). Also timed: the loss alone (forward + backward on B x D
 embeddings), where the losses actually differ; InfoNCE through the LSE+NL head instead of the cosine
-head (full step); and the two heads alone (head + InfoNCE, forward + backward on the region grid).
+head (full step, as training/loop.py runs it: head.image_side + score_blocks + the loss module), with
+the activation memory each step keeps for backward; and the two heads alone (head + InfoNCE, forward +
+backward on the region grid).
 
 Prints JSON lines {"bench": "train_step", "metric", "value", "unit", "vs"}; ratios are "vs":
 "infonce" (the same step with InfoNCE in the same run) or "cosine_head" for the head-only ratio.
 
     OMP_NUM_THREADS=2 python bench/bench_train_step.py --batch 32 --size 224 --steps 3
+    OMP_NUM_THREADS=2 python bench/bench_train_step.py --batch 64 --size 128 --output-stride 16 --losses infonce
     (on a busy shared machine, --threads 1 avoids OpenMP threads spinning against other processes)
 """
 
@@ -41,12 +44,30 @@ def build_model(args: argparse.Namespace, head: torch.nn.Module) -> DualEncoder:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(args.seed)
-    image = ImageEncoder(args.arch, joint_dim=args.joint_dim, pretrained="none", channels_last=args.channels_last)
+    image = ImageEncoder(args.arch, joint_dim=args.joint_dim, pretrained="none", channels_last=args.channels_last,
+                         output_stride=args.output_stride)
     cfg = BertConfig(vocab_size=args.vocab, hidden_size=args.text_hidden, num_hidden_layers=args.text_layers,
                      num_attention_heads=max(1, args.text_hidden // 64), intermediate_size=4 * args.text_hidden,
                      max_position_embeddings=max(64, args.seq_len))
     text = TextEncoder(BertModel(cfg, add_pooling_layer=False), tokenizer=None, joint_dim=args.joint_dim)
     return DualEncoder(image, text, head)
+
+
+def saved_bytes(step) -> int:
+    """Bytes of the tensors autograd keeps for backward during one training step: the activation
+    memory of the step, counted the same way on a CPU and a GPU (peak RSS on a shared CPU is not)."""
+    total, seen = [0], set()
+
+    def pack(t):
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if key not in seen:  # views of one storage count once
+            seen.add(key)
+            total[0] += key[1]
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return total[0]
 
 
 def make_loss(name: str, num_samples: int):
@@ -73,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=24)
     p.add_argument("--joint-dim", type=int, default=128)
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--output-stride", type=int, default=32, choices=[16, 32],
+                   help="16: ResNet's last stage unstrided (the cpu_small preset's 8x8 grid at 128 px)")
     p.add_argument("--no-lse", action="store_true", help="skip the LSE+NL-head step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = leave as is)")
@@ -128,19 +151,22 @@ def main(argv: list[str] | None = None) -> int:
             return timed_step(model, opt, lambda m, i, t: fn(i.global_emb, t.embedding, index=index, eta=eta))
         runners[n] = run
     if not args.no_lse:
-        # InfoNCE on the LSE+NL head's B x B matrix, symmetric like the loss module (the loss
-        # classes take embeddings, so the functional form is used on the head's matrix).
-        from medclr.losses.functional import info_nce
+        # InfoNCE through the LSE+NL head exactly as training/loop.py runs it: the head's image side
+        # (NL-contextualised unit cells) and its blocks from score_blocks, into the loss module.
+        from medclr.losses.distributed import score_blocks
 
         lse_model = build_model(args, LSENLHead(args.joint_dim)).train()
         lse_opt = torch.optim.AdamW(lse_model.parameters(), lr=1e-5, weight_decay=1e-4)
+        lse_infonce = make_loss("infonce", n_data)
 
         def lse_loss(m, i, t):
-            sim = m.similarity(i, t)
-            return 0.5 * (info_nce(sim, 0.07) + info_nce(sim.T, 0.07))
+            return lse_infonce(sims=score_blocks(m.head.score, m.head.image_side(i), t.embedding))
 
         runners["infonce_lse_nl_head"] = lambda s: timed_step(lse_model, lse_opt, lse_loss)
 
+    saved = {"infonce": saved_bytes(lambda: runners["infonce"](0))}
+    if not args.no_lse:
+        saved["infonce_lse_nl_head"] = saved_bytes(lambda: runners["infonce_lse_nl_head"](0))
     times: dict[str, list[float]] = {n: [] for n in runners}
     order = list(runners)
     for s in range(args.warmup + args.steps):
@@ -178,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         if n != "infonce":
             emit(f"step_time_ratio_{n}", best[n] / best["infonce"], "x", "infonce", seconds=round(best[n], 4),
                  median_ratio=round(med[n] / med["infonce"], 4), **common)
+    emit("saved_activations_infonce", saved["infonce"] / 2**20, "MiB", None, **common)
+    if "infonce_lse_nl_head" in saved:
+        emit("saved_activations_ratio_lse_nl_head", saved["infonce_lse_nl_head"] / saved["infonce"], "x", "infonce",
+             mib=round(saved["infonce_lse_nl_head"] / 2**20, 2), **common)
     emit("loss_only_time_infonce", lbest["infonce"] * 1e3, "ms", None, **common)
     for n in names:
         if n != "infonce":
@@ -189,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         from medclr.losses.functional import info_nce
         from medclr.models import ImageFeatures, grid_size
 
-        h, w = grid_size(args.size, args.size)
+        h, w = grid_size(args.size, args.size, args.output_stride)
         heads = {"cosine": CosineHead(args.joint_dim), "lse_nl": LSENLHead(args.joint_dim)}
         with torch.no_grad():
             heads["lse_nl"].nl.out.weight.normal_(0, 0.02)  # off the zero init, as after training starts

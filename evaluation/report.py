@@ -309,6 +309,12 @@ def markdown(metrics: dict, figs: dict[str, Any]) -> str:
                            "undefined (NaN)"], rows), "",
                   "Paper's Table 4 (MS-CXR): " + "; ".join(f"{k} CNR {v[0]:.3f}, mIoU {v[1]:.3f}"
                                                           for k, v in PAPER_TABLE4.items()), ""]
+        flat = g.get("flat_maps")
+        if flat and flat["n"]:
+            lines += [f"Flat maps: {flat['n_flat']} of {flat['n']} phrase maps span less than {flat['threshold']:.2f} "
+                      "(cosine, smoothed): the model shows no localised signal for those phrases, and the app draws no "
+                      f"heatmap for them. Map range 5/50/95 %: {flat['range_q05_q50_q95']}; of the "
+                      f"{flat['n_localised']} phrases with CNR ≥ 1: {flat['localised_range_q05_q50_q95']}.", ""]
         for label, name in figs.get("heatmaps", []):
             lines += [f"**{label}**", "", f"![{label}]({name})", ""]
     r = m.get("retrieval")

@@ -32,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from evaluation import grounding as G
+from medclr.inference.engine import MIN_MAP_RANGE, map_range
 from evaluation.data import (EvalData, Encoded, Model, Phrases, control_pairs, encode, has_two_label_values,
                              labels, phrases, prompt_set, split_rows, top_classes)
 from medclr.errors import MedclrError
@@ -73,7 +74,7 @@ def ground_one(grid: np.ndarray, geo: G.CropGeometry, boxes: np.ndarray) -> tupl
 def grounding_task(model: Model, enc: Encoded, ph: Phrases, text: torch.Tensor, seed: int) -> tuple[dict, pd.DataFrame]:
     ctl = control_pairs(ph, seed)
     n = len(ph)
-    out = {k: np.full(n, np.nan) for k in ("CNR", "mIoU", "CNR_control", "mIoU_control")}
+    out = {k: np.full(n, np.nan) for k in ("CNR", "mIoU", "CNR_control", "mIoU_control", "map_range")}
     by_image = ph.table.groupby("index", sort=True).indices
     for idx, ks in tqdm(by_image.items(), desc="grounding", unit="img", total=len(by_image)):
         if int(idx) not in enc.regions:
@@ -84,14 +85,27 @@ def grounding_task(model: Model, enc: Encoded, ph: Phrases, text: torch.Tensor, 
         for j, k in enumerate(ks):
             boxes = ph.boxes_for(k, h, w)
             out["CNR"][k], out["mIoU"][k] = ground_one(grids[j], geo, boxes)
+            out["map_range"][k] = map_range(G.smooth_map(grids[j]))  # what the app shows, before painting
             out["CNR_control"][k], out["mIoU_control"][k] = ground_one(grids[len(ks) + j], geo, boxes)
     cats = ph.table["category"].tolist()
-    res = {k: G.category_macro_average(v, cats) for k, v in out.items()}
+    res = {k: G.category_macro_average(v, cats) for k, v in out.items() if k != "map_range"}
+    res["flat_maps"] = flat_map_summary(out["map_range"], out["CNR"])
     res["n_phrases"], res["n_images"] = n, len(by_image)
     res["n_boxes"] = int(sum(len(b) for b in ph.boxes))
     per = pd.DataFrame(out)
     per["control_phrase"] = ph.table["text"].to_numpy()[ctl]
     return res, per
+
+
+def flat_map_summary(ranges: np.ndarray, cnr: np.ndarray) -> dict:
+    """How many phrase maps the app would refuse to paint (smoothed range < MIN_MAP_RANGE), and the
+    range that localised matches (CNR >= 1) produce: the calibration of the threshold."""
+    ok = np.isfinite(ranges)
+    localised = ok & (np.nan_to_num(cnr, nan=0.0) >= 1.0)
+    q = lambda v: [round(float(x), 4) for x in np.quantile(v, (0.05, 0.5, 0.95))] if v.size else None  # noqa: E731
+    return {"threshold": MIN_MAP_RANGE, "n_flat": int((ranges[ok] < MIN_MAP_RANGE).sum()), "n": int(ok.sum()),
+            "range_q05_q50_q95": q(ranges[ok]), "n_localised": int(localised.sum()),
+            "localised_range_q05_q50_q95": q(ranges[localised])}
 
 
 def box_feature(regions: torch.Tensor, boxes_xywh: np.ndarray, geo: G.CropGeometry) -> tuple[torch.Tensor, int]:

@@ -126,3 +126,42 @@ def test_embeddings_are_unit_and_workers_agree(engine, app_assets):  # noqa: F81
     np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
     t = engine.embed_texts(["No pneumothorax.", "Heart size is normal."])
     assert t.shape == (2, engine.joint_dim)
+
+
+def _edited_checkpoint(src, dst, edit):
+    """A copy of checkpoint ``src`` whose model went through ``edit(model)`` (saved as `medclr train` would)."""
+    import shutil
+
+    from medclr.models import DualEncoder
+
+    shutil.copytree(src, dst)
+    model = DualEncoder.from_pretrained(dst)
+    edit(model)
+    model.save_pretrained(dst)
+    return dst
+
+
+def test_untrained_lse_nl_head_is_refused_in_one_line(app_assets, tmp_path):  # noqa: F811
+    ckpt = _edited_checkpoint(app_assets["checkpoint"], tmp_path / "untrained",
+                              lambda m: setattr(m.head, "trained", False))
+    with pytest.raises(MedclrError, match="never trained") as exc:
+        load_checkpoint(ckpt)
+    assert "\n" not in str(exc.value)
+
+
+def test_flat_map_is_not_painted(app_assets, tmp_path):  # noqa: F811
+    """Every region cell equal (projection weights zero): the map is flat, and the app says so instead of
+    stretching a colour scale over it; the trained fixture's map is painted."""
+    from app.service import AppService
+    from medclr.inference.engine import MIN_MAP_RANGE, has_localised_signal, map_range
+
+    def flatten(model):
+        with torch.no_grad():
+            model.image_encoder.proj.weight.zero_()
+
+    flat = load_checkpoint(_edited_checkpoint(app_assets["checkpoint"], tmp_path / "flat", flatten))
+    grid = flat.ground_grid(rg1_path(), "left pleural effusion")
+    assert map_range(grid) < 1e-6 and not has_localised_signal(grid)
+    image, legend = AppService(flat).ground(rg1_path(), "left pleural effusion", "relative")
+    assert "no localised signal" in legend and f"{MIN_MAP_RANGE:.2f}" in legend
+    assert image.ndim == 2  # the grey radiograph alone: no colour painted

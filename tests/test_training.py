@@ -215,11 +215,13 @@ def test_dataset_is_a_function_of_seed_epoch_index(tiny, tmp_path):
 
 
 def test_torchrun_two_processes_nuclr_learns_and_saves_tables(tiny, tmp_path):
+    """Two processes, NUCLR through the LSE+NL head (inside DDP): it learns, the head is trained and saved."""
     manifest, lm = tiny
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "medclr",
            *_train_cmd("nuclr", manifest, lm, out, "train.batch_size=16", "train.max_steps=20", "ckpt.every=10",
-                       "ckpt.keep_last=1", "loss.freeze_zeta_epochs=0", "loss.tau=0.1")[3:]]
+                       "ckpt.keep_last=1", "loss.freeze_zeta_epochs=0", "loss.tau=0.1", "model.head=lse_nl",
+                       "model.output_stride=16")[3:]]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [m["loss"] for m in _metrics(out) if "loss" in m]
@@ -240,7 +242,9 @@ def test_torchrun_two_processes_nuclr_learns_and_saves_tables(tiny, tmp_path):
     from medclr.models import DualEncoder
 
     model = DualEncoder.from_pretrained(out)  # OUT itself is the checkpoint
-    assert model.joint_dim == 128
+    assert model.joint_dim == 128 and model.head.kind == "lse_nl" and model.head.trained
+    assert float(model.head.nl.out.weight.detach().abs().max()) > 0  # the non-local block left its zero init: trained
+    assert json.loads((out / "config.json").read_text())["image"]["output_stride"] == 16
 
 
 def _cli(argv: list[str]) -> int:
@@ -256,11 +260,12 @@ def _cli(argv: list[str]) -> int:
         torch.set_num_threads(threads)
 
 
-def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys):
+@pytest.mark.parametrize("head", ["cosine", "lse_nl"])
+def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head):
     manifest, lm = tiny
     n_steps = 3
     args = ("train.batch_size=8", f"train.max_steps={2 * n_steps}", f"ckpt.every={n_steps}", "ckpt.keep_last=5",
-            "loss.freeze_zeta_epochs=0")
+            "loss.freeze_zeta_epochs=0", f"model.head={head}", "model.output_stride=16")
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     # The straight 2N-step run and the resumed run go through the CLI in this process (saves two
     # interpreter start-ups); the run that is killed must be a real process.

@@ -229,6 +229,10 @@ def validate(cfg: dict) -> dict:
         raise MedclrError(f"config train.device {dev!r}: expected auto, cpu or cuda")
     if cfg["model"]["head"] not in ("cosine", "lse_nl"):
         raise MedclrError(f"config model.head {cfg['model']['head']!r}: expected cosine or lse_nl")
+    if cfg["model"]["output_stride"] not in (16, 32):
+        raise MedclrError(f"config model.output_stride {cfg['model']['output_stride']!r}: expected 32 or 16")
+    if not isinstance(cfg["model"]["lse_gamma"], (int, float)) or cfg["model"]["lse_gamma"] <= 0:
+        raise MedclrError(f"config model.lse_gamma {cfg['model']['lse_gamma']!r}: expected a positive number")
     if cfg["train"]["epochs"] is None and cfg["train"]["max_steps"] is None:
         raise MedclrError("config train: set train.epochs or train.max_steps")
     if cfg["train"]["max_minutes"] is not None and cfg["train"]["max_minutes"] <= 0:

@@ -156,7 +156,9 @@ def _build(plan: Plan, env: DistEnv):
     seed = int(cfg["seed"])
     torch.manual_seed(seed)  # identical initialisation on every rank
     channels_last = env.device.type == "cuda" if m["channels_last"] == "auto" else bool(m["channels_last"])
-    model = build_dual_encoder(plan.text_model, arch=m["arch"], joint_dim=int(m["joint_dim"]), head=m["head"],
+    head = m["head"] if m["head"] == "cosine" else {"type": m["head"], "gamma": float(m["lse_gamma"]),
+                                                      "learn_gamma": bool(m["lse_learn_gamma"])}
+    model = build_dual_encoder(plan.text_model, arch=m["arch"], joint_dim=int(m["joint_dim"]), head=head,
                                image_pretrained=m["image_pretrained"], projector=m["projector"],
                                channels_last=channels_last, pooling=m["pooling"], max_length=int(m["max_length"]),
                                output_stride=int(m["output_stride"]))

@@ -36,6 +36,22 @@ from medclr.models.image import ImageFeatures
 from medclr.prompts import CHEX5_PROMPTS, PromptSet
 
 
+# Below this spread (max - min, in cosine units) of its smoothed region scores, a phrase map is
+# flat: the model shows no localised signal, and no heatmap is painted (a relative colour scale would
+# stretch noise over the whole palette). Calibrated on the phantom (docs/evaluation.md, "Flat maps"):
+# an untrained LSE+NL head spans ~0.006, trained heads 0.05-0.35 (5th-95th percentile).
+MIN_MAP_RANGE = 0.03
+
+
+def map_range(grid: np.ndarray) -> float:
+    """Spread of a (smoothed) region-score grid; NaN cells ignored."""
+    return float(np.nanmax(grid) - np.nanmin(grid)) if np.isfinite(grid).any() else 0.0
+
+
+def has_localised_signal(grid: np.ndarray) -> bool:
+    return map_range(grid) >= MIN_MAP_RANGE
+
+
 @dataclass
 class EncodedImage:
     """One image through the image encoder, kept to answer several questions with one forward."""
