@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from app.demo import plan as demo_plan  # noqa: E402  (the demo's data steps: phantom, manifest, LM, eta)
 from medclr.cli import main as medclr_main  # noqa: E402
+from medclr.phantom.dataset import EVAL_PER_CLASS  # noqa: E402  (the evaluation sets: the test split)
 
 # label -> (training config, extra overrides). Constant-eta DCL labels carry their eta for the curve.
 METHODS = {
@@ -84,7 +85,7 @@ def run_cli(argv: list[str]) -> None:
 
 def prepare_data(work: Path, n: int, seed: int) -> None:
     """Phantom -> manifest -> domain LM -> eta table, as `medclr demo` builds them (cached)."""
-    for step in demo_plan(work, Namespace(n=n, seed=seed))[:4]:
+    for step in demo_plan(work, Namespace(n=n, seed=seed, eval_per_class=EVAL_PER_CLASS))[:4]:
         if not step.output.exists():
             print(f"== {step.name}", file=sys.stderr, flush=True)
             run_cli(step.argv)

@@ -152,7 +152,8 @@ def test_config_layers_presets_and_overrides():
 
     cfg = load_config("dcl_0.05", ["data.manifest=m.parquet", "out=o", "optim.lr=1e-4", "train.batch_size=16"])
     assert cfg["loss"] == {"name": "dcl", "eta_source": "none", "tau": 0.07, "eta": 0.05}
-    assert cfg["model"]["arch"] == "resnet18" and cfg["data"]["crop"] == 96  # cpu_small preset
+    assert cfg["model"]["arch"] == "resnet18" and cfg["data"]["crop"] == 128  # cpu_small preset
+    assert cfg["model"]["head"] == "lse_nl" and cfg["model"]["output_stride"] == 16 and cfg["train"]["max_steps"] == 200
     assert cfg["optim"]["lr"] == 1e-4 and cfg["train"]["batch_size"] == 16
     paper = load_config("nuclr", ["data.manifest=m", "out=o", "preset=paper"])
     assert paper["optim"]["lr"] == 1e-5 and paper["optim"]["warmup_steps"] == 2000
