@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 # from PyPI does not run beside a different torch build).
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test test-slow venv clean
+.PHONY: demo test test-slow venv browser clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,15 @@ venv: $(VENV)/.installed
 demo: venv
 	$(VENV)/bin/medclr demo $(ARGS)
 
-test: venv
+# The browser test drives the app in headless Chromium (Debian's chromium + chromium-driver). Installed
+# here when missing and we may (root with apt-get); otherwise that one test says how and is skipped.
+browser:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; } || \
+	  echo "headless Chromium not installed: the browser test will be skipped (apt-get install chromium chromium-driver)"
+
+test: venv browser
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q --timeout=900 $(ARGS)
 
 test-slow: venv
