@@ -20,6 +20,7 @@ from pathlib import Path
 from medclr.cli import COMMANDS
 from medclr.cli import main as medclr_main
 from medclr.errors import MedclrError
+from medclr.phantom.vocab import EVAL_PER_CLASS
 
 EPILOG = """examples:
   medclr demo                       # build everything under ~/.cache/medclr/demo, then serve on 127.0.0.1
@@ -115,8 +116,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-serve", action="store_true", help="build everything, do not start the app")
     parser.add_argument("--n", type=int, default=3000,
                         help="phantom pool studies to generate, split train/validate (default: 3000)")
-    parser.add_argument("--eval-per-class", type=int, default=250,
-                        help="evaluation-set studies per CheX5 class (the test split; default: 250)")
+    parser.add_argument("--eval-per-class", type=int, default=EVAL_PER_CLASS,
+                        help=f"evaluation-set studies per CheX5 class (the test split; default: {EVAL_PER_CLASS})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=7860)
     parser.set_defaults(run=run)

@@ -7,8 +7,7 @@ import logging
 import os
 
 from medclr.errors import MedclrError
-
-EVAL_PER_CLASS = 250  # medclr.phantom.dataset.EVAL_PER_CLASS (not imported here: keeps --help fast)
+from medclr.phantom.vocab import EVAL_PER_CLASS
 
 EPILOG = """\
 what it writes (DIR):

@@ -140,8 +140,7 @@ def _study(task) -> dict:
     return row
 
 
-CHEX5_LABELS = ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax")
-EVAL_PER_CLASS = 250  # >= 250 positives and >> 250 negatives per CheX5 class; the paper's CheX5 set has ~1,000 images
+CHEX5_LABELS = tuple(V.CHEX5_OF.values())
 
 
 class _Tally:
@@ -192,7 +191,7 @@ def _pool(workers: int, ctx: dict):
 
 def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, dicom: bool = False,
              workers: int | None = None, fractions: tuple[float, float] = (0.9, 0.1), quality: int = 95,
-             overwrite: bool = False, progress: bool = True, eval_per_class: int = EVAL_PER_CLASS) -> dict:
+             overwrite: bool = False, progress: bool = True, eval_per_class: int = V.EVAL_PER_CLASS) -> dict:
     """Write a phantom data set to ``out``; returns the summary also saved as phantom.json.
 
     ``n`` pool studies of ``source`` are split by subject into train / validate / test by ``fractions``

@@ -72,6 +72,9 @@ MSCXR_OF = {
     "pneumonia": "Pneumonia",
     "pneumothorax": "Pneumothorax",
 }
+# Evaluation-set studies per CheX5 class (the test split, medclr.phantom.plan.eval_targets): >= 250
+# positives and >> 250 negatives per class; the paper's CheX5 set has ~1,000 images per task.
+EVAL_PER_CLASS = 250
 CHEX5_OF = {"cardiomegaly": "Cardiomegaly", "edema": "Edema", "pleural_effusion": "Pleural Effusion",
             "pneumonia": "Pneumonia", "pneumothorax": "Pneumothorax"}
 
