@@ -104,7 +104,8 @@ def test_loss_on_lse_nl_blocks_equals_the_paper_formula(name):
     np.testing.assert_allclose(sims[0].detach().numpy(), s_hand, rtol=1e-12, atol=1e-12)
     got = loss(sims=sims, eta=torch.as_tensor(ETA))
     if formula is None:
-        formula = lambda s: _siglip(s, float(loss.log_scale.exp()), float(loss.bias))  # noqa: E731
+        t, b = float(loss.log_scale.detach().exp()), float(loss.bias.detach())
+        formula = lambda s: _siglip(s, t, b)  # noqa: E731
     assert float(got.detach()) == pytest.approx(formula(s_hand), rel=1e-10, abs=1e-12)
 
 
@@ -113,7 +114,7 @@ STATEFUL = [("sogclr", {"num_samples": 12, "tau": 0.2, "gamma": 0.7}),
             ("decl", {"num_samples": 12, "tau": 0.3})]
 
 
-@pytest.mark.parametrize("name, kw", list(HAND.items() and [(n, HAND[n][0]) for n in HAND]) + STATEFUL,
+@pytest.mark.parametrize("name, kw", [(n, kw) for n, (kw, _) in HAND.items()] + STATEFUL,
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_cosine_blocks_give_exactly_the_embedding_numbers(name, kw):
     g = torch.Generator().manual_seed(3)
