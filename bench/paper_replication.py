@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.demo import plan as demo_plan  # noqa: E402  (the demo's data steps: phantom, manifest, LM, eta)
+from evaluation.report import SUMMARY_KEYS  # noqa: E402
 from medclr.cli import main as medclr_main  # noqa: E402
 from medclr.phantom.vocab import EVAL_PER_CLASS  # noqa: E402  (the evaluation sets: the test split)
 
@@ -73,7 +74,7 @@ PRESETS = {
                        "log.every=50", "ckpt.every=1000", "val.every=null"],
              "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "1000", "--no-figures"]},
 }
-METRICS = ["AUC", "ACC", "CNR", "mIoU", "Recall", "MedR"]
+METRICS = list(SUMMARY_KEYS)
 READING_MARK = "<!-- reading: kept when the script rewrites this file -->"
 
 

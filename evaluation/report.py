@@ -188,6 +188,9 @@ def retrieval_figure(outdir: Path, model, enc, data, ph, extras, seed: int = 0, 
 # --------------------------------------------------------------------------- metrics.json
 
 
+SUMMARY_KEYS = ("AUC", "ACC", "CNR", "mIoU", "Recall", "MedR")  # the Table 1 row, in its order
+
+
 def summary(metrics: dict) -> dict[str, float | None]:
     """The Table 1 row: zero-shot AUC/ACC (macro), grounding CNR/mIoU (category macro), Recall, MedR."""
     z, g, r = metrics.get("zeroshot"), metrics.get("grounding"), metrics.get("retrieval")
@@ -228,7 +231,7 @@ def jsonable(x: Any) -> Any:
 
 def _summary_rows(metrics: dict) -> list[list[Any]]:
     s = metrics["summary"]
-    keys = ("AUC", "ACC", "CNR", "mIoU", "Recall", "MedR")
+    keys = SUMMARY_KEYS
     rows = [["**this run**", *(fmt(s[k], 1 if k == "MedR" else 3) for k in keys)]]
     rows += [[label, *(fmt(o.get(k), 1 if k == "MedR" else 3) for k in keys)] for label, o in metrics.get("compare", {}).items()]
     g, r = metrics.get("grounding"), metrics.get("retrieval")

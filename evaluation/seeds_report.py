@@ -9,10 +9,9 @@ import math
 from typing import Any
 
 from evaluation.diagnostics import EXPLAIN, sign_word
-from evaluation.report import CAVEAT, PAPER_TABLE1, PAPER_TABLE3, PAPER_TABLE4, _table, fmt
+from evaluation.report import CAVEAT, PAPER_TABLE1, PAPER_TABLE3, PAPER_TABLE4, SUMMARY_KEYS as KEYS, _table, fmt
 
 __all__ = ["mean_sd", "pooled_markdown"]
-KEYS = ("AUC", "ACC", "CNR", "mIoU", "Recall", "MedR")
 
 
 def mean_sd(e: dict | None, nd: int = 3) -> str:

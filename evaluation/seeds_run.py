@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evaluation.report import SUMMARY_KEYS
 from evaluation.seeds import pooled
 
 __all__ = ["SUMMARY_KEYS", "evaluate_seeds", "pool_runs", "run_dir_names"]
-SUMMARY_KEYS = ("AUC", "ACC", "CNR", "mIoU", "Recall", "MedR")
 PROBE_FRACTIONS = ("1%", "10%", "100%")
 
 
