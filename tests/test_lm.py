@@ -254,10 +254,13 @@ def test_score_cli_caches_and_joins(tiny, tmp_path, capsys):
     table, meta = read_eta_table(out)
     assert list(table.columns)[:8] == ["sentence_hash", "sentence", "count", "n_tokens", "n_scored", "pll",
                                        "pll_per_token", "eta"]
-    assert meta["a"] == 0.2 and meta["k"] == 0.35 and meta["pll_variant"] == "original"
+    # default: a, k fitted to the corpus's sentence frequencies (tests/test_eta_fit.py checks the fit)
+    assert meta["eta_params"]["source"] == "corpus" and meta["pll_variant"] == "original"
+    assert (meta["a"], meta["k"]) == (meta["eta_params"]["corpus_fit"]["a"], meta["eta_params"]["corpus_fit"]["k"])
+    assert (first["a"], first["k"]) == (meta["a"], meta["k"])
     ref = pseudo_log_likelihood(table["sentence"].tolist(), model, tok, progress=False)
     np.testing.assert_allclose(table["pll"], ref, atol=1e-5)
-    np.testing.assert_allclose(table["eta"], np.minimum(0.2 * np.exp(0.35 * table["pll"]), 0.5))
+    np.testing.assert_allclose(table["eta"], np.minimum(meta["a"] * np.exp(meta["k"] * table["pll"]), 0.5))
     assert table.set_index("sentence")["count"]["Heart size is normal."] == 2
     joined = join_eta(read_manifest(m), table)
     assert [len(j) for j in joined] == [3, 2, 1] and joined[0][1] == joined[2][0]
@@ -267,7 +270,7 @@ def test_score_cli_caches_and_joins(tiny, tmp_path, capsys):
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert second["scored"] == 1 and second["cached"] == 5
     table2, meta2 = read_eta_table(out)
-    assert len(table2) == 6 and meta2["a"] == 0.1
+    assert len(table2) == 6 and meta2["a"] == 0.1 and meta2["eta_params"]["source"] == "given"
     np.testing.assert_allclose(table2["eta"], np.minimum(0.1 * np.exp(0.5 * table2["pll"]), 0.5))
     # the report: PLL against sentence frequency
     assert main(["lm", "report", "--eta", str(out), "--out", str(tmp_path / "rep")]) == 0

@@ -15,6 +15,14 @@ Two levels: ``sentence`` pairs every (row, sentence) with its row's rho (what
 training uses: eta is per sentence); ``study`` uses the report's log p = the sum
 of its sentences' log p (sentences treated as independent).
 
+Beside the table's own (a, k), ``eta_variants`` compares the paper's (0.2, 0.35),
+the label-free corpus fit (``medclr.lm.eta_fit``, recomputed here from the
+manifest's training sentences) and the fit on rho above: eta quantiles, Spearman
+of eta against rho per sentence pair and per study (mean eta of its sentences),
+the misspecification term and the median |log eta - log rho| on held-out rows.
+Per sentence pair, Spearman is the same for every (a, k) with k > 0 (eta is
+monotone in log p) except for ties made by the eta_max clip.
+
 Outputs in DIR: ``calibration.json``, ``calibration.png`` (log eta against
 log rho, all pairs and per-class medians), ``per_class.csv``.
 """
@@ -30,11 +38,13 @@ import numpy as np
 import pandas as pd
 
 from medclr.errors import MedclrError
-from medclr.lm.eta import DEFAULT_ETA_MAX, eta_from_pll, eta_long, log_p
+from medclr.lm.eta import DEFAULT_A, DEFAULT_ETA_MAX, DEFAULT_K, eta_from_pll, eta_long, log_p
+from medclr.lm.eta_fit import fit_eta_corpus, loglog_least_squares
 
 log = logging.getLogger(__name__)
 
 GROUND_TRUTH = ("latent_class", "latent_class_prob")
+QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 
 
 def attach_ground_truth(manifest: pd.DataFrame, path: str | os.PathLike) -> pd.DataFrame:
@@ -68,13 +78,32 @@ def misspecification(eta, rho) -> float:
 
 def fit_loglog(logp, rho) -> dict:
     """Least squares log rho = log a + k log p; returns a, k, r2, n."""
-    x, y = np.asarray(logp, dtype=np.float64), np.log(np.asarray(rho, dtype=np.float64))
-    if len(x) < 3 or np.ptp(x) == 0:
-        raise MedclrError("too few distinct log-likelihoods to fit a and k (need at least 3)")
-    k, log_a = np.polyfit(x, y, 1)
-    resid = y - (log_a + k * x)
-    r2 = 1.0 - float(np.sum(resid**2) / max(np.sum((y - y.mean()) ** 2), 1e-300))
-    return {"a": float(np.exp(log_a)), "k": float(k), "r2": r2, "n": int(len(x))}
+    return loglog_least_squares(logp, np.log(np.asarray(rho, dtype=np.float64)))
+
+
+def variant_stats(p: pd.DataFrame, held: np.ndarray, a: float, k: float, *, norm: str, eta_max: float,
+                  fit_split: str) -> dict:
+    """One (a, k) on the sentence pairs: eta quantiles (fit_split pairs), Spearman(eta, rho) per sentence pair
+    and per study (a study's eta = the mean of its sentences' eta, what a training step draws on average),
+    and on the held-out pairs E|1/(1-eta) - 1/(1-rho)| and the median |log eta - log rho|."""
+    from scipy.stats import spearmanr
+
+    def rank_corr(x, y) -> float:  # NaN, not a warning, for a constant eta (k = 0)
+        return float(spearmanr(x, y)[0]) if np.ptp(x) > 0 and np.ptp(y) > 0 else float("nan")
+
+    eta = eta_from_pll(p["pll"], p["n_scored"], a=a, k=k, norm=norm, eta_max=eta_max)
+    rho = p["rho"].to_numpy()
+    train = (p["split"] == fit_split).to_numpy()
+    q = eta[train] if train.any() else eta
+    study = pd.DataFrame({"index": p["index"], "eta": eta, "rho": rho}).groupby("index").agg(
+        eta=("eta", "mean"), rho=("rho", "first"))
+    return {"a": float(a), "k": float(k),
+            "eta_quantiles": {f"{x:g}": float(np.quantile(q, x)) for x in QUANTILES},
+            "spearman_sentence": rank_corr(eta, rho),
+            "spearman_study_mean_eta": rank_corr(study["eta"], study["rho"]),
+            "misspecification_heldout": misspecification(eta[held], rho[held]),
+            "median_abs_log_error_heldout": float(np.median(np.abs(np.log(np.maximum(eta[held], 1e-300))
+                                                                   - np.log(rho[held]))))}
 
 
 def pairs(manifest: pd.DataFrame, eta_table: pd.DataFrame, norm: str, level: str) -> pd.DataFrame:
@@ -156,10 +185,23 @@ def calibrate(manifest: pd.DataFrame, eta_table: pd.DataFrame, out_dir: str | os
                 log_eta_q75=("log_eta", lambda s: s.quantile(0.75)),
                 logp_median=("logp", "median")).reset_index()
             per_class.to_csv(out / "per_class.csv", index=False)
-            sentence_pairs, sentence_fit = p, fit
+            sentence_pairs, sentence_fit, sentence_held = p, fit, h
             result["sentence"]["spearman_per_class_median"] = float(
                 spearmanr(per_class["log_eta_median"], np.log(per_class["rho"]))[0]) if len(per_class) > 2 else None
-    _plot(sentence_pairs, per_class, sentence_fit, a0, k0, eta_max, norm, out / "calibration.png", result["sentence"])
+    corpus = fit_eta_corpus(eta_table, manifest, split=fit_split, norm=norm)  # label-free: split + sentences only
+    result["corpus_fit"] = corpus
+    choices = {"paper": (DEFAULT_A, DEFAULT_K), "table": (a0, k0), "corpus_fit": (corpus["a"], corpus["k"]),
+               "ground_truth_fit": (sentence_fit["a"], sentence_fit["k"])}
+    result["eta_variants"] = {name: variant_stats(sentence_pairs, sentence_held, a, k, norm=norm, eta_max=eta_max,
+                                                  fit_split=fit_split) for name, (a, k) in choices.items()}
+    for name, v in result["eta_variants"].items():
+        log.info("%-16s a=%-8.3g k=%-7.3g eta 10/50/90%%: %.2g / %.2g / %.2g; Spearman vs rho sentence %.3f, "
+                 "study %.3f; held out E|1/(1-eta)-1/(1-rho)| %.4f, median |log eta/rho| %.2f", name, v["a"], v["k"],
+                 v["eta_quantiles"]["0.1"], v["eta_quantiles"]["0.5"], v["eta_quantiles"]["0.9"],
+                 v["spearman_sentence"], v["spearman_study_mean_eta"], v["misspecification_heldout"],
+                 v["median_abs_log_error_heldout"])
+    _plot(sentence_pairs, per_class, sentence_fit, a0, k0, eta_max, norm, out / "calibration.png", result["sentence"],
+          corpus)
     (out / "calibration.json").write_text(json.dumps(result, indent=2) + "\n")
     s = result["sentence"]
     log.info("sentence level: Spearman(log p, log rho) = %.3f over %d pairs (%d classes); fitted a = %.3g, k = %.3g "
@@ -168,7 +210,7 @@ def calibrate(manifest: pd.DataFrame, eta_table: pd.DataFrame, out_dir: str | os
     return result
 
 
-def _plot(p, per_class, fit, a0, k0, eta_max, norm, path, stats) -> None:
+def _plot(p, per_class, fit, a0, k0, eta_max, norm, path, stats, corpus) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,7 +230,9 @@ def _plot(p, per_class, fit, a0, k0, eta_max, norm, path, stats) -> None:
     ax.plot(xs, xs, "k--", lw=1, label="eta = rho")
     logp = (xs * ln10 - np.log(a0)) / k0 if k0 > 0 else np.zeros_like(xs)  # the table's eta back to log p
     ax.plot(xs, (np.log(fit["a"]) + fit["k"] * logp) / ln10, "r-", lw=1.5,
-            label=f"least squares (train): a={fit['a']:.3g}, k={fit['k']:.3g}")
+            label=f"least squares on rho (train): a={fit['a']:.3g}, k={fit['k']:.3g}")
+    ax.plot(xs, (np.log(corpus["a"]) + corpus["k"] * logp) / ln10, "m-", lw=1.5,
+            label=f"corpus fit (no labels): a={corpus['a']:.3g}, k={corpus['k']:.3g}")
     ax.set_xlim(xlo, xhi)
     ax.set_ylim(ylo, yhi)
     ax.set_xlabel(f"log10 eta_LM (a={a0:g}, k={k0:g}, {norm} PLL); lowest 1% not shown")

@@ -26,9 +26,14 @@ examples:
   medclr lm score --manifest openi.parquet --model runs/lm --out runs/eta.parquet
   medclr lm score --manifest m.parquet --model /models/CXR-BERT --trust-remote-code --out eta.parquet
   medclr lm score --manifest m.parquet --model runs/lm --out eta.parquet --a 0.1 --k 0.5  # cached: eta only
+  medclr lm score --manifest m.parquet --model runs/lm --out eta.parquet --eta-fit paper  # a = 0.2, k = 0.35
 
 eta = min(a * p^k, eta_max) with log p = the sentence's PLL (--norm sum, the paper)
-or PLL per word piece (--norm mean). One row per distinct sentence: sentence_hash,
+or PLL per word piece (--norm mean). a and k are fitted by default to the corpus:
+least squares of log(occurrences / reports) on log p over the training rows'
+sentences, weighted by occurrences (no labels; the paper's 0.2 and 0.35 fit
+CXR-BERT's PLL scale only). The table's metadata records a, k and the fit
+(eta_params). One row per distinct sentence: sentence_hash,
 sentence, count, n_tokens, n_scored, pll, pll_per_token, eta. Running again scores only
 sentences not yet in --out (same model); medclr.lm.eta.join_eta aligns eta with the
 manifest's sentences for training.
@@ -44,8 +49,10 @@ examples:
 
 Needs latent_class and latent_class_prob (CXR-Phantom), in the manifest or from
 --ground-truth. Writes calibration.json (Spearman, least-squares a and k, the
-misspecification term E|1/(1-eta) - 1/(1-rho)| of several eta choices),
-calibration.png, per_class.csv.
+misspecification term E|1/(1-eta) - 1/(1-rho)| of several eta choices; under
+eta_variants the paper's a, k, the table's, the label-free corpus fit and the
+fit on rho side by side: eta quantiles, Spearman against rho per sentence and
+per study), calibration.png, per_class.csv.
 """
 
 _REPORT_EPILOG = """\
@@ -60,6 +67,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
 
     from medclr.lm.fit import FitConfig
+
+    from medclr.lm.eta_fit import METHODS
 
     d = FitConfig()
     p = sub.add_parser("fit", help="train a WordPiece tokenizer + small BERT masked LM on the training sentences",
@@ -100,8 +109,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="a masked LM: a local directory (e.g. from `medclr lm fit`) or a hub id already in the cache")
     p.add_argument("--out", required=True, help="eta table parquet (also the cache)")
     p.add_argument("--split", default="all", help="rows to score: a split name or 'all' (default)")
-    p.add_argument("--a", type=float, default=0.2, help="eta scale a (paper: 0.2)")
-    p.add_argument("--k", type=float, default=0.35, help="eta exponent k (paper: 0.35)")
+    p.add_argument("--eta-fit", choices=METHODS, default="corpus",
+                   help="how a, k are chosen when not given: corpus (default) fits them to how often each "
+                   "sentence occurs in the --eta-fit-split rows (label-free); paper takes a = 0.2, k = 0.35")
+    p.add_argument("--eta-fit-split", default="train",
+                   help="rows whose sentence frequencies the corpus fit uses: a split name or 'all' (default train)")
+    p.add_argument("--a", "--eta-a", dest="a", type=float, default=None,
+                   help="eta scale a; with --k, overrides --eta-fit (paper: 0.2)")
+    p.add_argument("--k", "--eta-k", dest="k", type=float, default=None,
+                   help="eta exponent k; with --a, overrides --eta-fit (paper: 0.35)")
     p.add_argument("--norm", choices=("sum", "mean"), default="sum",
                    help="log p = PLL summed over word pieces (sum, paper) or per piece (mean)")
     p.add_argument("--eta-max", type=float, default=0.5, help="clip eta at this value < 1 (default 0.5)")
@@ -185,7 +201,8 @@ def run_score(args: argparse.Namespace) -> int:
     model, tok = load_masked_lm(args.model, allow_network=args.allow_network,
                                 trust_remote_code=args.trust_remote_code, device=args.device)
     summary = score_manifest(manifest, model, tok, args.out, model_name=str(args.model),
-                             split=None if args.split == "all" else args.split, a=args.a, k=args.k, norm=args.norm,
+                             split=None if args.split == "all" else args.split, a=args.a, k=args.k,
+                             eta_fit=args.eta_fit, fit_split=args.eta_fit_split, norm=args.norm,
                              eta_max=args.eta_max, word_l2r=args.pll == "word-l2r", long=args.long,
                              batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
                              progress=not args.no_progress)
@@ -206,8 +223,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     table, meta = read_eta_table(args.eta)
     result = calibrate(manifest, table, args.out, eta_meta=meta, norm=args.norm, fit_split=args.fit_split)
     s = result["sentence"]
+    variants = {name: {key: v[key] for key in ("a", "k", "spearman_sentence", "spearman_study_mean_eta")}
+                | {"eta_median": v["eta_quantiles"]["0.5"]} for name, v in result["eta_variants"].items()}
     print(json.dumps({"out": args.out, "spearman": s["spearman_logp_logrho"], "a": s["fit"]["a"], "k": s["fit"]["k"],
-                      "r2": s["fit"]["r2"]}))
+                      "r2": s["fit"]["r2"], "eta_variants": variants}))
     return 0
 
 

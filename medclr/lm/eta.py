@@ -6,7 +6,9 @@ probability rho(c_x) of a text x from its language-model likelihood:
     eta(x) = min(a * p_LM(x)^k, eta_max) = min(a * exp(k * log p_LM(x)), eta_max)
 
 with log p_LM(x) the pseudo-log-likelihood (paper: a = 0.2, k = 0.35, PLL
-summed over the word pieces, scored by CXR-BERT).
+summed over the word pieces, scored by CXR-BERT). Those a, k fit CXR-BERT's PLL
+scale only: ``score_manifest`` fits a, k to the corpus's own sentence frequencies
+by default (label-free, ``medclr.lm.eta_fit``); given a, k override the fit.
 
 * ``norm="sum"`` (default, the paper): log p = PLL. Longer sentences get a
   smaller eta; in reports a long sentence usually describes a specific, rarer
@@ -21,7 +23,8 @@ summed over the word pieces, scored by CXR-BERT).
 
 The table (``eta.parquet``) has the columns of :data:`TABLE_COLUMNS`; its
 parquet metadata (key ``medclr_eta``) records the model, its fingerprint, the
-PLL variant and a, k, norm, eta_max. It is keyed by
+PLL variant and a, k, norm, eta_max, and (tables written since the corpus fit)
+``eta_params``: where a, k came from and the corpus fit with its statistics. It is keyed by
 ``medclr.data.text.sentence_hash`` (the same hash the manifest side uses).
 Scoring again with the same model only scores sentences not yet in the table;
 changing a, k, norm or eta_max only recomputes eta.
@@ -154,8 +157,10 @@ def score_manifest(
     *,
     model_name: str = "",
     split: str | None = None,
-    a: float = DEFAULT_A,
-    k: float = DEFAULT_K,
+    a: float | None = None,
+    k: float | None = None,
+    eta_fit: str = "corpus",
+    fit_split: str | None = "train",
     norm: str = "sum",
     eta_max: float = DEFAULT_ETA_MAX,
     word_l2r: bool = False,
@@ -171,11 +176,16 @@ def score_manifest(
 
     The table is rewritten after each block of ``checkpoint_every`` new
     sentences, so an interrupted run resumes where it stopped. Returns a summary dict.
+
+    a, k: given together, they are used as they are; else ``eta_fit`` picks them:
+    ``"corpus"`` (default) fits them to the sentence frequencies of the manifest's
+    ``fit_split`` rows (``medclr.lm.eta_fit``), ``"paper"`` takes 0.2 and 0.35.
     """
+    from medclr.lm.eta_fit import check_eta_choice, resolve_eta_params
     from medclr.lm.load import model_fingerprint
     from medclr.lm.pll import model_max_length, score_sentences
 
-    check_eta_params(a, k, eta_max)
+    check_eta_choice(eta_fit, a, k, eta_max)
     log_p([0.0], [1], norm)  # validates norm
     t0 = time.monotonic()
     st = manifest_sentences(manifest, split)
@@ -204,15 +214,17 @@ def score_manifest(
     todo = np.flatnonzero(known["pll"].isna().to_numpy())
     log.info("%d sentences (%d distinct) in the manifest; %d already scored, %d to score with %s",
              len(st), len(current), len(current) - len(todo), len(todo), model_name or type(model).__name__)
-    meta = {**compat, "model": model_name, "a": a, "k": k, "norm": norm, "eta_max": eta_max}
+    meta = {**compat, "model": model_name, "norm": norm, "eta_max": eta_max}
 
     def write(table):
         done = table[table["pll"].notna()]
         full = pd.concat([done, extra], ignore_index=True) if len(extra) else done
         full = full.astype({"count": "int64", "n_tokens": "int64", "n_scored": "int64", "pll": "float64"})
-        full, n_clip = apply_eta(full, a=a, k=k, norm=norm, eta_max=eta_max)
-        write_eta_table(full, out, {**meta, "n_clipped": n_clip})
-        return full, n_clip
+        a_used, k_used, params = resolve_eta_params(full, manifest, method=eta_fit, a=a, k=k, split=fit_split,
+                                                    norm=norm)
+        full, n_clip = apply_eta(full, a=a_used, k=k_used, norm=norm, eta_max=eta_max)
+        write_eta_table(full, out, {**meta, "a": a_used, "k": k_used, "n_clipped": n_clip, "eta_params": params})
+        return full, n_clip, {"a": a_used, "k": k_used, **params}
 
     for b0 in range(0, len(todo), max(1, checkpoint_every)):
         block = todo[b0 : b0 + checkpoint_every]
@@ -224,12 +236,19 @@ def score_manifest(
         known.loc[block, "n_scored"] = res.n_scored
         if b0 + checkpoint_every < len(todo):
             write(known)
-    table, n_clip = write(known)
+    table, n_clip, params = write(known)
+    fit = params["corpus_fit"]
+    if "error" not in fit:
+        log.info("eta fitted to the sentence frequencies of the %s rows: a = %.3g, k = %.3g (R^2 %.2f, Spearman "
+                 "%.2f over %d sentences); %s", fit["split"], fit["a"], fit["k"], fit["r2"],
+                 fit["spearman_logp_logfreq"], fit["n_sentences"],
+                 "used" if params["source"] == "corpus" else f"not used: a, k {params['source']}")
     if n_clip:
         log.warning("%d sentences had a * p^k > eta_max = %g and were clipped", n_clip, eta_max)
     eta = table.loc[table["count"] > 0, "eta"]
     summary = {"out": str(out), "sentences": len(st), "distinct": len(current), "scored": int(len(todo)),
                "cached": int(len(current) - len(todo)), "clipped": n_clip, "seconds": round(time.monotonic() - t0, 1),
+               "a": params["a"], "k": params["k"], "eta_params": params["source"],
                "eta_quantiles": {q: float(eta.quantile(q)) for q in (0.0, 0.1, 0.5, 0.9, 1.0)}}
     log.info("wrote %s: %d sentences; eta median %.3g (10%%: %.3g, 90%%: %.3g); %.1f s", out, len(table),
              summary["eta_quantiles"][0.5], summary["eta_quantiles"][0.1], summary["eta_quantiles"][0.9],
