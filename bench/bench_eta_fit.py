@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     etas = {name: eta_from_pll(pll, n_scored, a=a, k=k, norm=norm) for name, (a, k) in choices.items()}
     if "latent_class_prob" in rows:  # a phantom: the true rho as a reference (training's loss.eta_source=true)
         etas["true_rho"] = rows["latent_class_prob"].to_numpy(dtype=np.float64)
-        choices["true_rho"] = (float("nan"), float("nan"))
+        choices["true_rho"] = (None, None)  # no a, k: JSON null
     root = Path(manifest.attrs.get("root", "") or "")
     paths = [str(root / p) for p in rows["image_path"]]
 
