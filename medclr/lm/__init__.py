@@ -5,6 +5,8 @@
 * ``medclr.lm.fit``: WordPiece tokenizer + small BERT MLM (``medclr lm fit``).
 * ``medclr.lm.eta``: sentence table with PLL and eta, cached (``medclr lm score``), and
   :func:`~medclr.lm.eta.join_eta` to align eta with the manifest's ``sentences``.
+* ``medclr.lm.eta_fit``: a, k of eta fitted label-free to the corpus's sentence frequencies (the default of
+  ``medclr lm score``).
 * ``medclr.lm.calibrate``: eta_LM against the phantom's true class probability (``medclr lm calibrate``).
 
 Only numpy is imported here; torch and transformers load on first use.
