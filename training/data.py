@@ -270,22 +270,32 @@ class PairDataset(torch.utils.data.Dataset):
 
 
 class Collate:
-    """List of items -> batch; tokenises here (in the loader workers) with the text encoder's own rules."""
+    """List of items -> batch; tokenises here (in the loader workers) with the text encoder's own rules.
 
-    def __init__(self, text_encoder) -> None:
+    With ``negations=True`` the batch also carries each sentence's rule negation
+    (``medclr.data.negation.negate``) where it has one: ``tokens`` then holds the B sentences
+    followed by the M negations (one tokenisation, one padding), and ``negated`` (M) says which
+    pair each negation belongs to. The negations are the hard negatives of the negation term."""
+
+    def __init__(self, text_encoder, negations: bool = False) -> None:
         # Only what TextEncoder.tokenize reads, so the collate pickles without the model.
         self.proxy = SimpleNamespace(tokenizer=text_encoder.tokenizer, max_length=text_encoder.max_length,
                                      strip_punctuation=text_encoder.strip_punctuation)
+        self.negations = bool(negations)
 
     def __call__(self, items: list[dict]) -> dict:
+        from medclr.data.negation import negate
         from medclr.models.text import TextEncoder
 
         sentences = [it["sentence"] for it in items]
         etas = [it["eta"] for it in items]
+        flipped = [negate(s) for s in sentences] if self.negations else []
+        negated = [i for i, n in enumerate(flipped) if n is not None]
         return {
             "images": torch.stack([it["image"] for it in items]),
-            "tokens": TextEncoder.tokenize(self.proxy, sentences),
+            "tokens": TextEncoder.tokenize(self.proxy, sentences + [flipped[i] for i in negated]),
             "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
             "eta": None if any(e is None for e in etas) else torch.tensor(etas, dtype=torch.float32),
             "sentences": sentences,
+            "negated": torch.tensor(negated, dtype=torch.long),
         }

@@ -29,6 +29,7 @@ from torch import nn
 
 from medclr.errors import MedclrError
 from medclr.losses.distributed import score_blocks
+from medclr.losses.negation import negation_term
 from training import checkpoint as ckpt_mod
 from training.budget import StepBudget
 from training.config import dump_yaml, loss_kwargs, needs_num_samples
@@ -218,8 +219,9 @@ def _run(plan: Plan, env: DistEnv) -> dict:
     if cfg["train"]["compile"]:
         runner = torch.compile(runner)
     nw = _num_workers(cfg, env)
+    neg_weight, neg_tau = float(cfg["negation"]["weight"]), float(cfg["negation"]["tau"])
     loader = torch.utils.data.DataLoader(
-        ds, batch_sampler=sampler, num_workers=nw, collate_fn=Collate(model.text_encoder),
+        ds, batch_sampler=sampler, num_workers=nw, collate_fn=Collate(model.text_encoder, negations=neg_weight > 0),
         pin_memory=env.device.type == "cuda", persistent_workers=nw > 0, prefetch_factor=4 if nw else None,
         generator=torch.Generator().manual_seed(int(cfg["seed"])))
 
@@ -281,12 +283,21 @@ def _run(plan: Plan, env: DistEnv) -> dict:
                 loss.zeta_lr = zeta_lr_at(step, zeta_base[0], freeze, total, zeta_sched)
                 loss.zeta_lr_img = zeta_lr_at(step, zeta_base[1], freeze, total, zeta_sched)
             with torch.autocast(env.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                img_side, txt_emb = runner(images, tokens)
+                img_side, txt_all = runner(images, tokens)
             # exps/logs in float32: the losses upcast and disable autocast themselves; be explicit anyway
+            img_side, txt_emb = img_side.float(), txt_all[: images.shape[0]].float()
             if head is None:
-                value = loss(img_side.float(), txt_emb.float(), index=index, eta=eta)
+                value = loss(img_side, txt_emb, index=index, eta=eta)
             else:
-                value = loss(sims=score_blocks(head.score, img_side.float(), txt_emb.float()), index=index, eta=eta)
+                value = loss(sims=score_blocks(head.score, img_side, txt_emb), index=index, eta=eta)
+            if neg_weight > 0:
+                negated = batch["negated"].to(env.device)
+                pair_score = (head or model.head).score_pairs
+                count = int(round(float(all_reduce_mean(torch.tensor(float(negated.numel())), env)) * env.world_size))
+                neg_value = negation_term(pair_score(img_side[negated], txt_emb[negated]),
+                                          pair_score(img_side[negated], txt_all[images.shape[0]:].float()),
+                                          neg_tau, count, env.world_size)
+                value = value + neg_weight * neg_value
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
                 scaler.scale(value).backward()
@@ -321,8 +332,11 @@ def _run(plan: Plan, env: DistEnv) -> dict:
                 rate = (step - window[1]) * gb / max(now - window[0], 1e-9)
                 window = (now, step)
                 epoch, _ = sampler.position(step - 1)
-                metrics.write({"step": step, "epoch": epoch, "loss": last_loss, "lr": scheduler.get_last_lr()[0],
-                               "pairs_per_s": round(rate, 2), "elapsed_s": round(elapsed(), 1)})
+                line = {"step": step, "epoch": epoch, "loss": last_loss, "lr": scheduler.get_last_lr()[0],
+                        "pairs_per_s": round(rate, 2), "elapsed_s": round(elapsed(), 1)}
+                if neg_weight > 0:  # the hard-negative term alone (part of "loss"): log 2 = no preference
+                    line["negation_term"] = float(all_reduce_mean(neg_value.detach().float(), env))
+                metrics.write(line)
                 metrics.advance(0, {"loss": f"{last_loss:.4f}", "pairs/s": f"{rate:.1f}"})
             val_every = cfg["val"]["every"]
             if val_every and step % int(val_every) == 0 and step < total:

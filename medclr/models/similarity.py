@@ -90,6 +90,10 @@ class CosineHead(nn.Module):
         blocks are bit-identical to the losses' own product of normalised embeddings."""
         return image_side @ nn.functional.normalize(_up(text_emb), dim=-1).to(image_side.dtype).T
 
+    def score_pairs(self, image_side: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """Row-wise scores s(image_i, text_i): the diagonal of :meth:`score`, B values."""
+        return (image_side * nn.functional.normalize(_up(text_emb), dim=-1).to(image_side.dtype)).sum(-1)
+
     def forward(self, image: ImageFeatures, text_emb: torch.Tensor) -> torch.Tensor:
         return self.score(self.image_side(image), text_emb)
 
@@ -196,6 +200,11 @@ class LSENLHead(nn.Module):
         """LSE over the cells of each image of its cell-sentence cosines: B_img x B_txt."""
         text = nn.functional.normalize(_up(text_emb), dim=-1).to(image_side.dtype)
         return lse_pool(torch.einsum("bnd,td->btn", image_side, text), self.gamma, dim=-1)
+
+    def score_pairs(self, image_side: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """Row-wise scores s(image_i, text_i): the diagonal of :meth:`score`, B values."""
+        text = nn.functional.normalize(_up(text_emb), dim=-1).to(image_side.dtype)
+        return lse_pool(torch.einsum("bnd,bd->bn", image_side, text), self.gamma, dim=-1)
 
     def forward(self, image: ImageFeatures, text_emb: torch.Tensor) -> torch.Tensor:
         return self.score(self.image_side(image), text_emb)

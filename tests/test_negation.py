@@ -1,0 +1,107 @@
+"""Negation-aware training: the rule negations, the hard-negative term, and its place in a batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from medclr.data.negation import is_negated, negate
+from medclr.losses.negation import negation_term
+from medclr.prompts import CHEX5_PROMPTS
+
+
+@pytest.mark.parametrize("sentence, expected", [
+    ("Small left pleural effusion.", "No small left pleural effusion."),
+    ("Cardiomegaly.", "No cardiomegaly."),
+    ("There is a small right pleural effusion.", "There is no small right pleural effusion."),
+    ("There is no pneumothorax.", "There is pneumothorax."),
+    ("No pneumonia, effusions, edema, pneumothorax, adenopathy, nodules or masses.",
+     "Pneumonia, effusions, edema, pneumothorax, adenopathy, nodules or masses."),
+    ("The heart is not significantly enlarged.", "The heart is significantly enlarged."),
+    ("The lungs are clear.", "The lungs are not clear."),
+    ("Heart size normal", "Heart size abnormal"),
+    ("Heart size within normal limits.", "Heart size outside normal limits."),
+    ("Lungs are clear without consolidation.", "Lungs are clear with consolidation."),
+    ("The lungs are clear of focal airspace disease or effusion.", "The lungs show focal airspace disease or effusion."),
+    ("Negative for pneumothorax.", "Positive for pneumothorax."),
+    ("PICC line tip in the SVC.", "No PICC line tip in the SVC."),
+])
+def test_negate_flips_polarity(sentence, expected):
+    flipped = negate(sentence)
+    assert flipped == expected and flipped != sentence
+    if "normal" not in sentence:  # normal/abnormal flip a word, not a negation cue
+        assert is_negated(flipped) != is_negated(sentence)
+
+
+@pytest.mark.parametrize("sentence", [
+    "No pneumothorax, but a small left effusion.",       # contrast: mixed polarity
+    "Possible small left pleural effusion.",             # hedged
+    "Pneumonia cannot be excluded.",
+    "No change in the small right effusion.",            # a change statement, not a finding
+    "The effusion has resolved.",
+    "No effusion and no pneumothorax.",                  # two cues
+    "...", "",
+])
+def test_mixed_hedged_or_empty_sentences_have_no_negation(sentence):
+    assert negate(sentence) is None
+
+
+def test_negation_round_trips_on_the_zero_shot_prompts():
+    for cls, sides in CHEX5_PROMPTS.items():
+        for prompt in sides["positive"] + sides["negative"]:
+            once = negate(prompt)
+            assert once is not None and once.lower() != prompt.lower(), (cls, prompt)
+            assert negate(once) == prompt, (cls, prompt, once)
+    # the paper's own pairs are each other's negation where the wording allows it
+    for cls in ("Edema", "Pleural Effusion", "Pneumothorax"):
+        assert negate(CHEX5_PROMPTS[cls]["positive"][0]) == CHEX5_PROMPTS[cls]["negative"][0]
+
+
+def test_negation_term_is_the_two_way_softmax_in_float64():
+    g = torch.Generator().manual_seed(0)
+    pos, neg = torch.rand(7, generator=g, dtype=torch.float64) * 2 - 1, torch.rand(7, generator=g, dtype=torch.float64) * 2 - 1
+    tau = 0.07
+    by_hand = [-math.log(math.exp(p / tau) / (math.exp(p / tau) + math.exp(n / tau))) for p, n in zip(pos.tolist(), neg.tolist())]
+    got = negation_term(pos.requires_grad_(), neg, tau, global_count=7)
+    assert got.item() == pytest.approx(sum(by_hand) / 7, rel=1e-6)
+    got.backward()
+    assert (pos.grad < 0).all()  # raising the stated sentence's score always lowers the term
+    # two processes with 3 and 4 of the pairs: the per-process terms average to the full-batch mean
+    a = negation_term(pos[:3].detach(), neg[:3], tau, global_count=7, world_size=2)
+    b = negation_term(pos[3:].detach(), neg[3:], tau, global_count=7, world_size=2)
+    assert ((a + b) / 2).item() == pytest.approx(sum(by_hand) / 7, rel=1e-6)
+    assert negation_term(pos[:0], neg[:0], tau, global_count=0).item() == 0.0
+
+
+def test_collate_puts_each_negation_after_the_sentences_and_never_the_positive():
+    from types import SimpleNamespace
+
+    from training.data import Collate
+
+    seen = {}
+
+    def tokenize(proxy, sentences):
+        seen.setdefault("sentences", list(sentences))
+        return {"input_ids": torch.zeros(len(sentences), 4, dtype=torch.long)}
+
+    import medclr.models.text as text
+
+    items = [{"image": torch.zeros(1, 4, 4), "sentence": s, "index": i, "eta": None}
+             for i, s in enumerate(["Small left pleural effusion.", "Possible pneumonia.", "No pneumothorax."])]
+    encoder = SimpleNamespace(tokenizer=None, max_length=8, strip_punctuation=False)
+    original = text.TextEncoder.tokenize
+    text.TextEncoder.tokenize = tokenize
+    try:
+        on = Collate(encoder, negations=True)(items)
+        off = Collate(encoder, negations=False)(items)
+    finally:
+        text.TextEncoder.tokenize = original
+    assert on["negated"].tolist() == [0, 2]  # the hedged sentence has no negation
+    assert on["tokens"]["input_ids"].shape[0] == 5
+    assert seen["sentences"] == ["Small left pleural effusion.", "Possible pneumonia.", "No pneumothorax.",
+                                 "No small left pleural effusion.", "Pneumothorax."]
+    assert off["negated"].numel() == 0 and off["tokens"]["input_ids"].shape[0] == 3
+    for row, i in enumerate(on["negated"].tolist()):
+        assert seen["sentences"][3 + row] != items[i]["sentence"]
