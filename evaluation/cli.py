@@ -66,7 +66,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="manifest split for zero-shot and the probe's test side (default: test)")
     parser.add_argument("--tasks", type=_tasks, default=None, metavar="LIST",
                         help="comma-separated: zeroshot,grounding,retrieval,probe (default: all the data allows)")
-    parser.add_argument("--prompts", metavar="FILE", help="YAML/JSON prompt sets (default: the paper's CheX5 prompts)")
+    parser.add_argument("--prompts", metavar="FILE", help="paper (default: the paper's Table 2 CheX5 prompts), report "
+                        "(ensembles phrased like report sentences, several per side) or a YAML/JSON prompt file")
     parser.add_argument("--max-images", type=_positive, metavar="N", help="seeded sample of N images of --split")
     parser.add_argument("--max-train-images", type=_positive, default=2000, metavar="N",
                         help="probe: seeded sample of N train-split images (default: 2000)")
@@ -96,8 +97,11 @@ def run(args: argparse.Namespace) -> int:
     for c in checkpoints:
         if not os.path.isdir(c):
             raise MedclrError(f"--checkpoint {c!r}: no such directory (expected a `medclr train` output dir)")
-    if args.prompts is not None and not os.path.isfile(args.prompts):
-        raise MedclrError(f"--prompts {args.prompts!r}: no such file (expected a YAML or JSON prompt file)")
+    from medclr.prompts import BUILTIN_PROMPTS
+
+    if args.prompts is not None and args.prompts not in BUILTIN_PROMPTS and not os.path.isfile(args.prompts):
+        raise MedclrError(f"--prompts {args.prompts!r}: no such file (expected {' or '.join(BUILTIN_PROMPTS)}, or a "
+                          "YAML or JSON prompt file)")
     compare = {}
     for item in args.compare:
         label, sep, path = item.partition("=")

@@ -165,11 +165,13 @@ def labels(data: EvalData, rows: np.ndarray, classes: list[str]) -> np.ndarray:
 
 
 def prompt_set(path: str | None):
-    """The user's prompt file (``evaluation.zeroshot.load_prompts``), else the paper's CheX5 prompts."""
-    from evaluation.zeroshot import PAPER_PROMPTS, load_prompts
+    """A built-in set by name (``medclr.prompts.BUILTIN_PROMPTS``: paper, report), the user's prompt
+    file (``evaluation.zeroshot.load_prompts``), else the paper's CheX5 prompts."""
+    from evaluation.zeroshot import load_prompts
+    from medclr.prompts import BUILTIN_PROMPTS, copy_prompts
 
-    if path is None:
-        return {c: {s: list(v) for s, v in sides.items()} for c, sides in PAPER_PROMPTS.items()}
+    if path is None or path in BUILTIN_PROMPTS:
+        return copy_prompts(BUILTIN_PROMPTS[path or "paper"])
     return load_prompts(path)
 
 

@@ -28,7 +28,43 @@ CHEX5_PROMPTS: PromptSet = {
     "Pneumothorax": {"negative": ["No pneumothorax"], "positive": ["Pneumothorax"]},
 }
 
-assert tuple(CHEX5_PROMPTS) == CHEX5
+#: Prompt ensembles phrased the way reports state and deny each finding (several per side, reduced
+#: BioViL-style). Not the paper's; reported beside it (docs/evaluation.md), never instead of it.
+CHEX5_REPORT_PROMPTS: PromptSet = {
+    "Cardiomegaly": {
+        "positive": ["Cardiomegaly", "Mild cardiomegaly", "The heart size is moderately enlarged",
+                     "The cardiac silhouette is enlarged"],
+        "negative": ["Heart size normal", "The heart is normal in size", "Heart size is normal", "No cardiomegaly"],
+    },
+    "Edema": {
+        "positive": ["Pulmonary edema", "Mild interstitial edema", "Vascular congestion and pulmonary edema",
+                     "Interstitial pulmonary edema"],
+        "negative": ["No pulmonary edema", "No evidence of pulmonary edema", "No edema",
+                     "There is no pulmonary edema"],
+    },
+    "Pleural Effusion": {
+        "positive": ["Pleural effusions", "Small right pleural effusion", "Small left pleural effusion",
+                     "Bilateral pleural effusions"],
+        "negative": ["No pleural effusions", "No pleural effusion", "There is no pleural effusion", "No effusions"],
+    },
+    "Pneumonia": {
+        "positive": ["Findings suggesting pneumonia", "Right lower lobe pneumonia", "Left lower lobe consolidation",
+                     "Focal airspace consolidation"],
+        "negative": ["No signs of pneumonia", "No pneumonia", "No focal consolidation",
+                     "No focal airspace consolidation"],
+    },
+    "Pneumothorax": {
+        "positive": ["Pneumothorax", "Small right pneumothorax", "Small left apical pneumothorax",
+                     "Moderate right-sided pneumothorax"],
+        "negative": ["No pneumothorax", "There is no pneumothorax", "No evidence of pneumothorax",
+                     "No pneumothorax is seen"],
+    },
+}
+
+#: prompt sets by name (``medclr eval --prompts report``)
+BUILTIN_PROMPTS: dict[str, PromptSet] = {"paper": CHEX5_PROMPTS, "report": CHEX5_REPORT_PROMPTS}
+
+assert tuple(CHEX5_PROMPTS) == CHEX5 == tuple(CHEX5_REPORT_PROMPTS)
 
 
 def copy_prompts(prompts: PromptSet | None = None) -> PromptSet:
@@ -37,4 +73,4 @@ def copy_prompts(prompts: PromptSet | None = None) -> PromptSet:
     return {c: {side: list(v) for side, v in sides.items()} for c, sides in src.items()}
 
 
-__all__ = ["CHEX5", "CHEX5_PROMPTS", "PromptSet", "copy_prompts"]
+__all__ = ["BUILTIN_PROMPTS", "CHEX5", "CHEX5_PROMPTS", "CHEX5_REPORT_PROMPTS", "PromptSet", "copy_prompts"]
