@@ -239,6 +239,15 @@ def validate(cfg: dict) -> dict:
         raise MedclrError(f"config train.max_minutes {cfg['train']['max_minutes']!r}: expected a positive number")
     if not 0.0 <= cfg["optim"]["min_lr_ratio"] <= 1.0:
         raise MedclrError(f"config optim.min_lr_ratio {cfg['optim']['min_lr_ratio']!r}: expected a number in [0, 1]")
+    if cfg["data"]["sentence_sampling"] not in ("uniform", "rare"):
+        raise MedclrError(f"config data.sentence_sampling {cfg['data']['sentence_sampling']!r}: expected uniform or rare")
+    from medclr.data.hard_negatives import KINDS
+
+    kinds = cfg["hard_negatives"]["kinds"]
+    if not isinstance(kinds, list) or not set(kinds) <= set(KINDS):
+        raise MedclrError(f"config hard_negatives.kinds {kinds!r}: expected a list of {', '.join(KINDS)}")
+    if not isinstance(cfg["hard_negatives"]["weight"], (int, float)) or cfg["hard_negatives"]["weight"] < 0:
+        raise MedclrError(f"config hard_negatives.weight {cfg['hard_negatives']['weight']!r}: expected a number >= 0")
     if (cfg["data"]["eta_a"] is None) != (cfg["data"]["eta_k"] is None):
         raise MedclrError("config data.eta_a / data.eta_k: set both (eta = a * exp(k * pll)) or neither")
     _validate_loss(cfg)

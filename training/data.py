@@ -1,7 +1,8 @@
 """Training data: manifest rows -> (image crop, one report sentence, dataset index, eta) batches.
 
 * The unit of text is one sentence: every step draws one sentence of the pair's report (as the
-  debiasing and BioViL papers do), and the pair's eta is that sentence's eta.
+  debiasing and BioViL papers do), and the pair's eta is that sentence's eta. The draw is uniform
+  or (``data.sentence_sampling: rare``) weighted towards the sentences the corpus repeats least.
 * Images: the deterministic part (read with medclr.io.read_image, resize the shorter side) is
   cached by ``monai.data.CacheDataset``; the random part (crop, brightness, contrast, gamma)
   runs after the cache. No flips: reports name the side ("right pleural effusion").
@@ -23,6 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from medclr.data.hard_negatives import hard_negatives
 from medclr.errors import MedclrError
 
 log = logging.getLogger(__name__)
@@ -207,6 +209,31 @@ def _plain(x) -> torch.Tensor:
     return x.as_tensor() if hasattr(x, "as_tensor") else torch.as_tensor(x)
 
 
+def sentence_probabilities(sentences: list[list[str]], mode: str, power: float = 1.0) -> list[np.ndarray] | None:
+    """Per row, the probability of drawing each of its sentences (None = uniform).
+
+    ``rare``: p(sentence) proportional to count^-power, count = the sentence's occurrences in the
+    split (``medclr.data.text.sentence_hash``, the key eta tables use). Boilerplate ("No acute
+    cardiopulmonary process.", hundreds of reports) is drawn less and the report's own findings
+    more: a fixed step budget then shows the model each rare finding several times as often,
+    label-free (only the text's own frequencies are used)."""
+    from collections import Counter
+
+    from medclr.data.text import sentence_hash
+
+    if mode == "uniform":
+        return None
+    if mode != "rare":
+        raise MedclrError(f"config data.sentence_sampling {mode!r}: expected uniform or rare")
+    keys = [[sentence_hash(s) for s in row] for row in sentences]
+    counts = Counter(k for row in keys for k in row)
+    out = []
+    for row in keys:
+        w = np.array([counts[k] for k in row], dtype=np.float64) ** -power
+        out.append(w / w.sum())
+    return out
+
+
 class PairDataset(torch.utils.data.Dataset):
     """Cached images + sentences. ``ds[(epoch, i)]`` is a random training view of pair i;
     ``ds[i]`` (an int) is the deterministic view (centre crop, first sentence) for evaluation."""
@@ -217,6 +244,9 @@ class PairDataset(torch.utils.data.Dataset):
 
         self.table, self.seed = table, int(cfg["seed"])
         d = cfg["data"]
+        self.sentence_p = sentence_probabilities(table.sentences, d["sentence_sampling"], float(d["rare_power"]))
+        hn = cfg["hard_negatives"]
+        self.hard_kinds = tuple(hn["kinds"]) if float(hn["weight"]) > 0 else ()
         self.crop = int(d["crop"])
         self.random = _random_transform(self.crop, d.get("aug") or {})
         self.center = CenterSpatialCrop(roi_size=(self.crop, self.crop))
@@ -259,43 +289,44 @@ class PairDataset(torch.utils.data.Dataset):
             # Two independent streams per (seed, epoch, item): the sentence and the image view.
             ss = np.random.SeedSequence([self.seed, epoch, i])
             s_seed, t_seed = ss.generate_state(2)
-            j = int(np.random.default_rng(int(s_seed)).integers(len(self.table.sentences[i])))
+            rng = np.random.default_rng(int(s_seed))
+            p = None if self.sentence_p is None else self.sentence_p[i]
+            j = int(rng.integers(len(self.table.sentences[i])) if p is None else rng.choice(len(p), p=p))
+            hard = hard_negatives(self.table.sentences[i][j], self.table.sentences[i], self.hard_kinds,
+                                  pick=lambda n: int(rng.integers(n))) if self.hard_kinds else []
             img = _to_float(self.images[i]["image"])
             self.random.set_random_state(seed=int(t_seed))
             img = _plain(self.random(img)).clamp_(0.0, 1.0)
         else:
-            i, j = int(key), 0
+            i, j, hard = int(key), 0, []
             img = _plain(self.center(_to_float(self.images[i]["image"])))
-        return {"image": img.contiguous(), "sentence": self.table.sentences[i][j], "index": i, "eta": self._eta(i, j)}
+        return {"image": img.contiguous(), "sentence": self.table.sentences[i][j], "index": i, "eta": self._eta(i, j),
+                "hard": hard}
 
 
 class Collate:
     """List of items -> batch; tokenises here (in the loader workers) with the text encoder's own rules.
 
-    With ``negations=True`` the batch also carries each sentence's rule negation
-    (``medclr.data.negation.negate``) where it has one: ``tokens`` then holds the B sentences
-    followed by the M negations (one tokenisation, one padding), and ``negated`` (M) says which
-    pair each negation belongs to. The negations are the hard negatives of the negation term."""
+    Items may carry hard negative texts (``item["hard"]``, made by the dataset with
+    ``medclr.data.hard_negatives``): ``tokens`` then holds the B sentences followed by every hard
+    negative (one tokenisation, one padding), and ``hard_index`` says which pair each belongs to."""
 
-    def __init__(self, text_encoder, negations: bool = False) -> None:
+    def __init__(self, text_encoder) -> None:
         # Only what TextEncoder.tokenize reads, so the collate pickles without the model.
         self.proxy = SimpleNamespace(tokenizer=text_encoder.tokenizer, max_length=text_encoder.max_length,
                                      strip_punctuation=text_encoder.strip_punctuation)
-        self.negations = bool(negations)
 
     def __call__(self, items: list[dict]) -> dict:
-        from medclr.data.negation import negate
         from medclr.models.text import TextEncoder
 
         sentences = [it["sentence"] for it in items]
         etas = [it["eta"] for it in items]
-        flipped = [negate(s) for s in sentences] if self.negations else []
-        negated = [i for i, n in enumerate(flipped) if n is not None]
+        hard = [(i, text) for i, it in enumerate(items) for text in it.get("hard", ())]
         return {
             "images": torch.stack([it["image"] for it in items]),
-            "tokens": TextEncoder.tokenize(self.proxy, sentences + [flipped[i] for i in negated]),
+            "tokens": TextEncoder.tokenize(self.proxy, sentences + [text for _, text in hard]),
             "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
             "eta": None if any(e is None for e in etas) else torch.tensor(etas, dtype=torch.float32),
             "sentences": sentences,
-            "negated": torch.tensor(negated, dtype=torch.long),
+            "hard_index": torch.tensor([i for i, _ in hard], dtype=torch.long),
         }

@@ -29,7 +29,7 @@ from torch import nn
 
 from medclr.errors import MedclrError
 from medclr.losses.distributed import score_blocks
-from medclr.losses.negation import negation_term
+from medclr.losses.hard_negatives import hard_negative_term
 from training import checkpoint as ckpt_mod
 from training.budget import StepBudget
 from training.config import dump_yaml, loss_kwargs, needs_num_samples
@@ -219,9 +219,9 @@ def _run(plan: Plan, env: DistEnv) -> dict:
     if cfg["train"]["compile"]:
         runner = torch.compile(runner)
     nw = _num_workers(cfg, env)
-    neg_weight, neg_tau = float(cfg["negation"]["weight"]), float(cfg["negation"]["tau"])
+    hard_weight, hard_tau = float(cfg["hard_negatives"]["weight"]), float(cfg["hard_negatives"]["tau"])
     loader = torch.utils.data.DataLoader(
-        ds, batch_sampler=sampler, num_workers=nw, collate_fn=Collate(model.text_encoder, negations=neg_weight > 0),
+        ds, batch_sampler=sampler, num_workers=nw, collate_fn=Collate(model.text_encoder),
         pin_memory=env.device.type == "cuda", persistent_workers=nw > 0, prefetch_factor=4 if nw else None,
         generator=torch.Generator().manual_seed(int(cfg["seed"])))
 
@@ -290,14 +290,14 @@ def _run(plan: Plan, env: DistEnv) -> dict:
                 value = loss(img_side, txt_emb, index=index, eta=eta)
             else:
                 value = loss(sims=score_blocks(head.score, img_side, txt_emb), index=index, eta=eta)
-            if neg_weight > 0:
-                negated = batch["negated"].to(env.device)
+            if hard_weight > 0:
+                rows = batch["hard_index"].to(env.device)
                 pair_score = (head or model.head).score_pairs
-                count = int(round(float(all_reduce_mean(torch.tensor(float(negated.numel())), env)) * env.world_size))
-                neg_value = negation_term(pair_score(img_side[negated], txt_emb[negated]),
-                                          pair_score(img_side[negated], txt_all[images.shape[0]:].float()),
-                                          neg_tau, count, env.world_size)
-                value = value + neg_weight * neg_value
+                count = int(round(float(all_reduce_mean(torch.tensor(float(rows.numel())), env)) * env.world_size))
+                hard_value = hard_negative_term(pair_score(img_side[rows], txt_emb[rows]),
+                                                pair_score(img_side[rows], txt_all[images.shape[0]:].float()),
+                                                hard_tau, count, env.world_size)
+                value = value + hard_weight * hard_value
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
                 scaler.scale(value).backward()
@@ -334,8 +334,8 @@ def _run(plan: Plan, env: DistEnv) -> dict:
                 epoch, _ = sampler.position(step - 1)
                 line = {"step": step, "epoch": epoch, "loss": last_loss, "lr": scheduler.get_last_lr()[0],
                         "pairs_per_s": round(rate, 2), "elapsed_s": round(elapsed(), 1)}
-                if neg_weight > 0:  # the hard-negative term alone (part of "loss"): log 2 = no preference
-                    line["negation_term"] = float(all_reduce_mean(neg_value.detach().float(), env))
+                if hard_weight > 0:  # the hard-negative term alone (part of "loss"): log 2 = no preference
+                    line["hard_negative_term"] = float(all_reduce_mean(hard_value.detach().float(), env))
                 metrics.write(line)
                 metrics.advance(0, {"loss": f"{last_loss:.4f}", "pairs/s": f"{rate:.1f}"})
             val_every = cfg["val"]["every"]

@@ -1,10 +1,22 @@
-"""Rule negation of report sentences: the hard negative texts of negation-aware training.
+"""Rule hard negatives of report sentences: negation, another finding, the other side.
+
+Three kinds, each a sentence that states something the image does not show:
+
+* ``negation`` (:func:`negate`): the same sentence with its polarity flipped;
+* ``finding`` (:func:`swap_finding`): a stated finding replaced by one the report does not state
+  ("Small left pleural effusion." -> "Small left pneumothorax."), so the text tower must tell the
+  findings apart, not only "something abnormal" from "normal";
+* ``side`` (:func:`swap_side`): left and right exchanged where the report states one side only
+  ("Small left pleural effusion." -> "Small right pleural effusion."), which only a model that
+  looks at the right place can get right.
+
+:func:`hard_negatives` makes the list for one drawn sentence of one report.
 
 ``negate(sentence)`` returns a sentence of the opposite polarity ("Small left pleural effusion." ->
 "No small left pleural effusion."; "There is no pneumothorax." -> "There is pneumothorax.") or None
 when the sentence's polarity is mixed or hedged, so its negation would not be a clean opposite.
 
-Why rules and not a model: training pairs each image with one sentence of its report, and the
+Negation. Why rules and not a model: training pairs each image with one sentence of its report, and the
 text tower must learn that the stated sentence fits the image better than its opposite
 (NegCLIP, Yuksekgonul et al., ICLR 2023, made such hard negatives from captions by swapping words;
 radiology needs the negation itself). The cues radiology reports use are few and regular (NegEx,
@@ -112,4 +124,87 @@ def negate(sentence: str) -> str | None:
     return _cap(" ".join(out.split())) + stop
 
 
-__all__ = ["is_negated", "negate"]
+# finding -> (its mention, the words a swap writes); the findings a chest report names most, CheX5
+# first. Our own short list (not medclr.phantom's report rules: the phantom composes and labels
+# reports with those, and nothing that trains may lean on how the phantom labels).
+FINDINGS: dict[str, tuple[re.Pattern[str], str]] = {
+    "pleural effusion": (re.compile(r"\b(?:pleural\s+)?effusions?\b", re.IGNORECASE), "pleural effusion"),
+    "pneumothorax": (re.compile(r"\bpneumothora(?:x|ces)\b", re.IGNORECASE), "pneumothorax"),
+    "edema": (re.compile(r"\b(?:pulmonary\s+|interstitial\s+)?edema\b", re.IGNORECASE), "pulmonary edema"),
+    "cardiomegaly": (re.compile(r"\bcardiomegaly\b", re.IGNORECASE), "cardiomegaly"),
+    "pneumonia": (re.compile(r"\bpneumonia\b", re.IGNORECASE), "pneumonia"),
+    "consolidation": (re.compile(r"\bconsolidations?\b", re.IGNORECASE), "consolidation"),
+    "atelectasis": (re.compile(r"\batelectasis\b", re.IGNORECASE), "atelectasis"),
+    "nodule": (re.compile(r"\bnodules?\b", re.IGNORECASE), "nodule"),
+}
+_SIDES = {"left": re.compile(r"\bleft\b", re.IGNORECASE), "right": re.compile(r"\bright\b", re.IGNORECASE)}
+_BOTH_SIDES = re.compile(r"\b(?:bilateral\w*|both|bibasilar|bibasal)\b", re.IGNORECASE)
+KINDS = ("negation", "finding", "side")
+
+
+def _states(sentence: str) -> bool:
+    """A clean statement: neither negated nor of mixed/hedged polarity."""
+    return not is_negated(sentence) and negate(sentence) is not None
+
+
+def _stated(report: list[str]) -> tuple[set[str], set[str]]:
+    """(findings, sides) that some sentence of the report states or leaves ambiguous (kept off-limits)."""
+    findings, sides = set(), set()
+    for sentence in report:
+        if is_negated(sentence) and negate(sentence) is not None:
+            continue  # cleanly negated: "No pneumothorax." states nothing
+        findings |= {f for f, (p, _) in FINDINGS.items() if p.search(sentence)}
+        sides |= {side for side, p in _SIDES.items() if p.search(sentence)}
+        if _BOTH_SIDES.search(sentence):
+            sides |= set(_SIDES)
+    return findings, sides
+
+
+def _keep_case(found: str, words: str) -> str:
+    return _cap(words) if found[:1].isupper() else words
+
+
+def swap_finding(sentence: str, report: list[str], pick) -> str | None:
+    """The sentence with its one named finding replaced by a finding the report does not state
+    (``pick(n)`` chooses among the n candidates), or None."""
+    found = [f for f, (p, _) in FINDINGS.items() if p.search(sentence)]
+    if len(found) != 1 or not _states(sentence):
+        return None
+    stated, _ = _stated(report)
+    targets = [f for f in FINDINGS if f not in stated and f != found[0]]
+    if not targets:
+        return None
+    words = FINDINGS[targets[pick(len(targets))]][1]
+    return FINDINGS[found[0]][0].sub(lambda m: _keep_case(m.group(0), words), " ".join(sentence.split()), count=1)
+
+
+def swap_side(sentence: str, report: list[str]) -> str | None:
+    """The sentence with left and right exchanged, when it names one side and the report states the
+    other side nowhere (and no bilateral finding); else None."""
+    named = [side for side, p in _SIDES.items() if p.search(sentence)]
+    if len(named) != 1 or _BOTH_SIDES.search(sentence) or not _states(sentence):
+        return None
+    other = "right" if named[0] == "left" else "left"
+    if other in _stated(report)[1]:
+        return None
+    return _SIDES[named[0]].sub(lambda m: _keep_case(m.group(0), other), " ".join(sentence.split()))
+
+
+def hard_negatives(sentence: str, report: list[str], kinds=KINDS, pick=lambda n: 0) -> list[str]:
+    """The hard negative texts of ``sentence`` (drawn from ``report``), in ``kinds`` order, each
+    different from every sentence of the report."""
+    bad = set(kinds) - set(KINDS)
+    if bad:
+        raise ValueError(f"hard negative kinds {sorted(bad)}: expected some of {', '.join(KINDS)}")
+    made = {"negation": lambda: negate(sentence), "finding": lambda: swap_finding(sentence, report, pick),
+            "side": lambda: swap_side(sentence, report)}
+    own = {" ".join(s.split()).lower() for s in report}
+    out = []
+    for kind in kinds:
+        text = made[kind]()
+        if text is not None and " ".join(text.split()).lower() not in own:
+            out.append(text)
+    return out
+
+
+__all__ = ["FINDINGS", "KINDS", "hard_negatives", "is_negated", "negate", "swap_finding", "swap_side"]

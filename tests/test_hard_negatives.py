@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from medclr.data.negation import is_negated, negate
-from medclr.losses.negation import negation_term
+from medclr.data.hard_negatives import KINDS, hard_negatives, is_negated, negate, swap_finding, swap_side
+from medclr.losses.hard_negatives import hard_negative_term
 from medclr.prompts import CHEX5_PROMPTS
 
 
@@ -59,49 +59,75 @@ def test_negation_round_trips_on_the_zero_shot_prompts():
         assert negate(CHEX5_PROMPTS[cls]["positive"][0]) == CHEX5_PROMPTS[cls]["negative"][0]
 
 
-def test_negation_term_is_the_two_way_softmax_in_float64():
+def test_hard_negative_term_is_the_two_way_softmax_in_float64():
     g = torch.Generator().manual_seed(0)
     pos, neg = torch.rand(7, generator=g, dtype=torch.float64) * 2 - 1, torch.rand(7, generator=g, dtype=torch.float64) * 2 - 1
     tau = 0.07
     by_hand = [-math.log(math.exp(p / tau) / (math.exp(p / tau) + math.exp(n / tau))) for p, n in zip(pos.tolist(), neg.tolist())]
-    got = negation_term(pos.requires_grad_(), neg, tau, global_count=7)
+    got = hard_negative_term(pos.requires_grad_(), neg, tau, global_count=7)
     assert got.item() == pytest.approx(sum(by_hand) / 7, rel=1e-6)
     got.backward()
     assert (pos.grad < 0).all()  # raising the stated sentence's score always lowers the term
     # two processes with 3 and 4 of the pairs: the per-process terms average to the full-batch mean
-    a = negation_term(pos[:3].detach(), neg[:3], tau, global_count=7, world_size=2)
-    b = negation_term(pos[3:].detach(), neg[3:], tau, global_count=7, world_size=2)
+    a = hard_negative_term(pos[:3].detach(), neg[:3], tau, global_count=7, world_size=2)
+    b = hard_negative_term(pos[3:].detach(), neg[3:], tau, global_count=7, world_size=2)
     assert ((a + b) / 2).item() == pytest.approx(sum(by_hand) / 7, rel=1e-6)
-    assert negation_term(pos[:0], neg[:0], tau, global_count=0).item() == 0.0
+    assert hard_negative_term(pos[:0], neg[:0], tau, global_count=0).item() == 0.0
 
 
-def test_collate_puts_each_negation_after_the_sentences_and_never_the_positive():
+def test_finding_and_side_swaps_state_what_the_report_does_not():
+    report = ["Small left pleural effusion.", "No pneumothorax.", "Heart size is normal."]
+    for k in range(6):
+        swapped = swap_finding(report[0], report, pick=lambda n: k % n)
+        assert swapped is not None and swapped.startswith("Small left ") and "effusion" not in swapped
+    assert swap_side(report[0], report) == "Small right pleural effusion."
+    # a report that states the other side (or both) gives no side swap; negated sentences no swaps
+    assert swap_side("Left pleural effusion.", ["Left pleural effusion.", "Right basilar atelectasis."]) is None
+    assert swap_side("Left pleural effusion.", ["Left pleural effusion.", "Bilateral pleural effusions."]) is None
+    assert swap_finding("No pneumothorax.", report, pick=lambda n: 0) is None
+    # never a finding the report states: here every finding but one is stated
+    stated = ["Pleural effusion.", "Pulmonary edema.", "Cardiomegaly.", "Pneumonia.", "Consolidation.",
+              "Atelectasis.", "Nodule."]
+    assert swap_finding("Pleural effusion.", stated, pick=lambda n: 0) == "Pneumothorax."
+
+
+def test_hard_negatives_never_repeat_the_report_and_follow_kinds():
+    report = ["Small left pleural effusion.", "No small left pleural effusion."]  # contradictory on purpose
+    made = hard_negatives(report[0], report, KINDS, pick=lambda n: 0)
+    assert "No small left pleural effusion." not in made and len(made) == 2
+    assert hard_negatives(report[0], report, ("side",)) == ["Small right pleural effusion."]
+    assert hard_negatives(report[0], report, ()) == []
+    with pytest.raises(ValueError, match="hard negative kinds"):
+        hard_negatives(report[0], report, ("synonym",))
+
+
+def test_collate_puts_each_hard_negative_after_the_sentences_and_never_the_positive():
     from types import SimpleNamespace
 
     from training.data import Collate
 
-    seen = {}
+    seen = []
 
     def tokenize(proxy, sentences):
-        seen.setdefault("sentences", list(sentences))
+        seen.append(list(sentences))
         return {"input_ids": torch.zeros(len(sentences), 4, dtype=torch.long)}
 
     import medclr.models.text as text
 
-    items = [{"image": torch.zeros(1, 4, 4), "sentence": s, "index": i, "eta": None}
-             for i, s in enumerate(["Small left pleural effusion.", "Possible pneumonia.", "No pneumothorax."])]
+    reports = [["Small left pleural effusion.", "No pneumothorax."], ["Possible pneumonia."], ["No pneumothorax."]]
+    items = [{"image": torch.zeros(1, 4, 4), "sentence": r[0], "index": i, "eta": None,
+              "hard": hard_negatives(r[0], r, ("negation", "side"))} for i, r in enumerate(reports)]
     encoder = SimpleNamespace(tokenizer=None, max_length=8, strip_punctuation=False)
     original = text.TextEncoder.tokenize
     text.TextEncoder.tokenize = tokenize
     try:
-        on = Collate(encoder, negations=True)(items)
-        off = Collate(encoder, negations=False)(items)
+        on = Collate(encoder)(items)
+        off = Collate(encoder)([{**it, "hard": []} for it in items])
     finally:
         text.TextEncoder.tokenize = original
-    assert on["negated"].tolist() == [0, 2]  # the hedged sentence has no negation
-    assert on["tokens"]["input_ids"].shape[0] == 5
-    assert seen["sentences"] == ["Small left pleural effusion.", "Possible pneumonia.", "No pneumothorax.",
-                                 "No small left pleural effusion.", "Pneumothorax."]
-    assert off["negated"].numel() == 0 and off["tokens"]["input_ids"].shape[0] == 3
-    for row, i in enumerate(on["negated"].tolist()):
-        assert seen["sentences"][3 + row] != items[i]["sentence"]
+    assert on["hard_index"].tolist() == [0, 0, 2]  # the hedged sentence has none
+    assert seen[0] == ["Small left pleural effusion.", "Possible pneumonia.", "No pneumothorax.",
+                       "No small left pleural effusion.", "Small right pleural effusion.", "Pneumothorax."]
+    assert off["hard_index"].numel() == 0 and off["tokens"]["input_ids"].shape[0] == 3
+    for row, i in enumerate(on["hard_index"].tolist()):
+        assert seen[0][3 + row] != items[i]["sentence"]
