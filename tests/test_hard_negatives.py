@@ -131,3 +131,19 @@ def test_collate_puts_each_hard_negative_after_the_sentences_and_never_the_posit
     assert off["hard_index"].numel() == 0 and off["tokens"]["input_ids"].shape[0] == 3
     for row, i in enumerate(on["hard_index"].tolist()):
         assert seen[0][3 + row] != items[i]["sentence"]
+
+
+def test_findings_sampling_weighs_stated_findings_over_boilerplate():
+    import numpy as np
+
+    from medclr.errors import MedclrError
+    from training.data import sentence_probabilities
+
+    rows = [["No pneumothorax.", "Small left pleural effusion.", "Heart size normal.", "Possible pneumonia."],
+            ["The lungs are clear."]]
+    p = sentence_probabilities(rows, "findings", other_weight=0.1)
+    np.testing.assert_allclose(p[0], np.array([0.1, 1.0, 0.1, 0.1]) / 1.3)  # hedged and negated weigh 0.1
+    np.testing.assert_allclose(p[1], [1.0])
+    assert sentence_probabilities(rows, "uniform") is None
+    with pytest.raises(MedclrError, match="sentence_sampling"):
+        sentence_probabilities(rows, "rare")

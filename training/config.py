@@ -239,8 +239,12 @@ def validate(cfg: dict) -> dict:
         raise MedclrError(f"config train.max_minutes {cfg['train']['max_minutes']!r}: expected a positive number")
     if not 0.0 <= cfg["optim"]["min_lr_ratio"] <= 1.0:
         raise MedclrError(f"config optim.min_lr_ratio {cfg['optim']['min_lr_ratio']!r}: expected a number in [0, 1]")
-    if cfg["data"]["sentence_sampling"] not in ("uniform", "rare"):
-        raise MedclrError(f"config data.sentence_sampling {cfg['data']['sentence_sampling']!r}: expected uniform or rare")
+    if cfg["data"]["sentence_sampling"] not in ("uniform", "findings"):
+        raise MedclrError(f"config data.sentence_sampling {cfg['data']['sentence_sampling']!r}: expected uniform or "
+                          "findings")
+    if not 0 < float(cfg["data"]["other_sentence_weight"]) <= 1:
+        raise MedclrError(f"config data.other_sentence_weight {cfg['data']['other_sentence_weight']!r}: expected a "
+                          "number in (0, 1]")
     from medclr.data.hard_negatives import KINDS
 
     kinds = cfg["hard_negatives"]["kinds"]

@@ -2,7 +2,7 @@
 
 * The unit of text is one sentence: every step draws one sentence of the pair's report (as the
   debiasing and BioViL papers do), and the pair's eta is that sentence's eta. The draw is uniform
-  or (``data.sentence_sampling: rare``) weighted towards the sentences the corpus repeats least.
+  or (``data.sentence_sampling: findings``) weighted towards the sentences that state a finding.
 * Images: the deterministic part (read with medclr.io.read_image, resize the shorter side) is
   cached by ``monai.data.CacheDataset``; the random part (crop, brightness, contrast, gamma)
   runs after the cache. No flips: reports name the side ("right pleural effusion").
@@ -209,27 +209,24 @@ def _plain(x) -> torch.Tensor:
     return x.as_tensor() if hasattr(x, "as_tensor") else torch.as_tensor(x)
 
 
-def sentence_probabilities(sentences: list[list[str]], mode: str, power: float = 1.0) -> list[np.ndarray] | None:
+def sentence_probabilities(sentences: list[list[str]], mode: str, other_weight: float = 0.1) -> list[np.ndarray] | None:
     """Per row, the probability of drawing each of its sentences (None = uniform).
 
-    ``rare``: p(sentence) proportional to count^-power, count = the sentence's occurrences in the
-    split (``medclr.data.text.sentence_hash``, the key eta tables use). Boilerplate ("No acute
-    cardiopulmonary process.", hundreds of reports) is drawn less and the report's own findings
-    more: a fixed step budget then shows the model each rare finding several times as often,
-    label-free (only the text's own frequencies are used)."""
-    from collections import Counter
-
-    from medclr.data.text import sentence_hash
+    ``findings``: a sentence that states a finding (``medclr.data.hard_negatives.states_finding``:
+    it names one and is neither negated nor hedged) weighs 1, any other sentence ``other_weight``.
+    Reports are mostly boilerplate ("No pneumothorax.", "Heart size normal."): drawn uniformly, a
+    report's finding sentence is 9 % of the demo's draws although a third of its reports state one;
+    with weight 0.1 it is most of them, so a fixed step budget shows the image tower each finding
+    several times as often. Label-free: only the report's own words decide."""
+    from medclr.data.hard_negatives import states_finding
 
     if mode == "uniform":
         return None
-    if mode != "rare":
-        raise MedclrError(f"config data.sentence_sampling {mode!r}: expected uniform or rare")
-    keys = [[sentence_hash(s) for s in row] for row in sentences]
-    counts = Counter(k for row in keys for k in row)
+    if mode != "findings":
+        raise MedclrError(f"config data.sentence_sampling {mode!r}: expected uniform or findings")
     out = []
-    for row in keys:
-        w = np.array([counts[k] for k in row], dtype=np.float64) ** -power
+    for row in sentences:
+        w = np.array([1.0 if states_finding(s) else other_weight for s in row], dtype=np.float64)
         out.append(w / w.sum())
     return out
 
@@ -244,7 +241,7 @@ class PairDataset(torch.utils.data.Dataset):
 
         self.table, self.seed = table, int(cfg["seed"])
         d = cfg["data"]
-        self.sentence_p = sentence_probabilities(table.sentences, d["sentence_sampling"], float(d["rare_power"]))
+        self.sentence_p = sentence_probabilities(table.sentences, d["sentence_sampling"], float(d["other_sentence_weight"]))
         hn = cfg["hard_negatives"]
         self.hard_kinds = tuple(hn["kinds"]) if float(hn["weight"]) > 0 else ()
         self.crop = int(d["crop"])

@@ -130,11 +130,14 @@ def negate(sentence: str) -> str | None:
 FINDINGS: dict[str, tuple[re.Pattern[str], str]] = {
     "pleural effusion": (re.compile(r"\b(?:pleural\s+)?effusions?\b", re.IGNORECASE), "pleural effusion"),
     "pneumothorax": (re.compile(r"\bpneumothora(?:x|ces)\b", re.IGNORECASE), "pneumothorax"),
-    "edema": (re.compile(r"\b(?:pulmonary\s+|interstitial\s+)?edema\b", re.IGNORECASE), "pulmonary edema"),
-    "cardiomegaly": (re.compile(r"\bcardiomegaly\b", re.IGNORECASE), "cardiomegaly"),
+    "edema": (re.compile(r"\b(?:pulmonary\s+|interstitial\s+)?edema\b|\bvascular\s+congestion\b", re.IGNORECASE),
+              "pulmonary edema"),
+    "cardiomegaly": (re.compile(r"\bcardiomegaly\b|\b(?:heart|cardiac silhouette)(?: size)? is (?:\w+ )?enlarged\b",
+                                re.IGNORECASE), "cardiomegaly"),
     "pneumonia": (re.compile(r"\bpneumonia\b", re.IGNORECASE), "pneumonia"),
     "consolidation": (re.compile(r"\bconsolidations?\b", re.IGNORECASE), "consolidation"),
     "atelectasis": (re.compile(r"\batelectasis\b", re.IGNORECASE), "atelectasis"),
+    "opacity": (re.compile(r"\bopacit(?:y|ies)\b", re.IGNORECASE), "opacity"),
     "nodule": (re.compile(r"\bnodules?\b", re.IGNORECASE), "nodule"),
 }
 _SIDES = {"left": re.compile(r"\bleft\b", re.IGNORECASE), "right": re.compile(r"\bright\b", re.IGNORECASE)}
@@ -145,6 +148,11 @@ KINDS = ("negation", "finding", "side")
 def _states(sentence: str) -> bool:
     """A clean statement: neither negated nor of mixed/hedged polarity."""
     return not is_negated(sentence) and negate(sentence) is not None
+
+
+def states_finding(sentence: str) -> bool:
+    """Whether the sentence names a finding of :data:`FINDINGS` and states it (not negated, not hedged)."""
+    return any(p.search(sentence) for p, _ in FINDINGS.values()) and _states(sentence)
 
 
 def _stated(report: list[str]) -> tuple[set[str], set[str]]:
@@ -207,4 +215,4 @@ def hard_negatives(sentence: str, report: list[str], kinds=KINDS, pick=lambda n:
     return out
 
 
-__all__ = ["FINDINGS", "KINDS", "hard_negatives", "is_negated", "negate", "swap_finding", "swap_side"]
+__all__ = ["FINDINGS", "KINDS", "hard_negatives", "is_negated", "negate", "states_finding", "swap_finding", "swap_side"]
