@@ -265,8 +265,10 @@ def _cli(argv: list[str]) -> int:
 def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head):
     manifest, lm = tiny
     n_steps = 3
+    # with the rule hard negatives on and finding sentences drawn first: their draws must resume exactly too
     args = ("train.batch_size=8", f"train.max_steps={2 * n_steps}", f"ckpt.every={n_steps}", "ckpt.keep_last=5",
-            "loss.freeze_zeta_epochs=0", f"model.head={head}", "model.output_stride=16")
+            "loss.freeze_zeta_epochs=0", f"model.head={head}", "model.output_stride=16", "hard_negatives.weight=1",
+            "data.sentence_sampling=findings")
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     # The straight 2N-step run and the resumed run go through the CLI in this process (saves two
     # interpreter start-ups); the run that is killed must be a real process.
@@ -294,6 +296,8 @@ def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head)
     la = [m["loss"] for m in _metrics(straight) if "loss" in m]
     lb = [m["loss"] for m in _metrics(killed) if "loss" in m]
     assert len(lb) == 2 * n_steps and la == lb  # metrics.jsonl: the killed run's extra lines were dropped
+    hard = [m["hard_negative_term"] for m in _metrics(killed) if "loss" in m]
+    assert len(hard) == 2 * n_steps and all(0 < h < m["loss"] for h, m in zip(hard, _metrics(killed)))
 
     # a data set of another size is refused with one line, before any work
     from medclr.data.manifest import read_manifest, write_manifest
