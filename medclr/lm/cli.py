@@ -66,9 +66,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=lambda _a: (parser.print_help(), 2)[1])
     fmt = argparse.RawDescriptionHelpFormatter
 
-    from medclr.lm.fit import FitConfig
-
     from medclr.lm.eta_fit import METHODS
+    from medclr.lm.fit import FitConfig
 
     d = FitConfig()
     p = sub.add_parser("fit", help="train a WordPiece tokenizer + small BERT masked LM on the training sentences",
