@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -26,6 +27,17 @@ from medclr.inference.engine import MIN_MAP_RANGE, has_localised_signal, map_ran
 from medclr.io import MAX_PIXELS, read_header, read_image
 
 log = logging.getLogger("medclr.app")
+
+# DICOM code strings (VR CS: Modality, ViewPosition, PhotometricInterpretation) hold upper-case
+# letters, digits, space and underscore, at most 16 characters. A header value outside that grammar
+# is not shown: the facts line is Markdown, and a crafted value ("CR <img src=...>", "[x](http://...)")
+# would otherwise become markup in the page.
+_CODE_STRING = re.compile(r"[A-Z0-9 _]{1,16}")
+
+
+def _code_string(value: object) -> str:
+    text = str(value or "").strip()
+    return text.replace("_", "\\_") if _CODE_STRING.fullmatch(text) else ""
 
 ACCEPTED = "a DICOM (.dcm), PNG or JPEG chest radiograph"
 
@@ -117,8 +129,8 @@ class AppService:
         hd = up.header
         facts = [f"{hd.get('columns')} x {hd.get('rows')} px", str(hd.get("format", "")).upper()]
         for key, label in (("modality", "modality"), ("view", "view"), ("photometric", "photometric")):
-            if hd.get(key):
-                facts.append(f"{label} {hd[key]}")
+            if _code_string(hd.get(key)):
+                facts.append(f"{label} {_code_string(hd[key])}")
         if hd.get("pixel_spacing_mm"):
             facts.append("spacing {:.3f} x {:.3f} mm".format(*hd["pixel_spacing_mm"]))
         return render.to_uint8(up.display), " · ".join(facts)

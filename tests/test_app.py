@@ -62,6 +62,26 @@ def identified_dicom(tmp_path_factory):
     return out
 
 
+def test_header_values_never_become_markup(client, tmp_path):
+    """A crafted header value (HTML, a Markdown link) is not echoed into the facts line."""
+    import warnings
+
+    import pydicom
+    from gradio_client import handle_file
+
+    ds = pydicom.dcmread(rg1_path())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydicom warns that these are not valid code strings: that is the point
+        ds.Modality = 'CR <img src="http://host/x.png">'
+        ds.ViewPosition = "[PA](http://host/)"
+    path = tmp_path / "crafted.dcm"
+    ds.save_as(path)
+    _, facts = client.predict(handle_file(path), api_name="/preview")
+    assert "1841 x 1955" in facts and "MONOCHROME1" in facts
+    for bad in ("<", ">", "[", "](", "http", "img"):
+        assert bad not in facts, facts
+
+
 def test_binds_localhost_and_telemetry_is_off(server):
     assert server[0].startswith("http://127.0.0.1:")
     assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
