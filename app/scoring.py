@@ -9,8 +9,9 @@ Crash safety (append-only parts + a done-set):
   after a crash (even SIGKILL) the files of the part in flight are scored again and nothing twice;
 * at the end ``OUT`` (scores, sorted by path) and ``OUT`` with ``.errors.parquet`` (unreadable files)
   are rebuilt from all parts, atomically. Rerunning on a grown archive scores only the new files.
-* ``OUT.parts/run.json`` records the checkpoint (weights SHA-256), preprocessing and options: resuming
-  with a different model or options is refused.
+* ``OUT.parts/run.json`` records the checkpoint (weights SHA-256), preprocessing, options and the
+  archive's root: resuming with a different model, options or archive is refused (relative paths of
+  two archives would otherwise count as done for each other and mix in one table).
 
 Sharding: under ``torchrun`` (RANK / WORLD_SIZE set), rank r takes files r, r + W, r + 2W, ... of the
 sorted list and writes its own parts; rank 0 merges after a barrier (gloo).
@@ -95,7 +96,9 @@ def _check_run(parts: Path, run: dict[str, Any]) -> None:
     path = parts / RUN_NAME
     if path.is_file():
         before = json.loads(path.read_text())
-        for key in ("weights_sha256", "preprocess", "embeddings", "classes", "tau"):
+        for key in ("weights_sha256", "preprocess", "embeddings", "classes", "tau", "root"):
+            if key == "root" and key not in before:
+                continue  # runs recorded before the archive root was checked
             if before.get(key) != run.get(key):
                 raise MedclrError(
                     f"{parts} holds a run with a different {key} ({before.get(key)!r} vs {run.get(key)!r}); "

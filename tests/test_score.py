@@ -127,6 +127,22 @@ def test_score_in_process_with_shards(engine, tmp_path, monkeypatch):  # noqa: F
     assert len(res) == 9 and list(err["path"]) == ["bad.jpg"] and res["path"].is_unique
 
 
+def test_resuming_onto_another_archive_is_refused(engine, tmp_path, monkeypatch):  # noqa: F811
+    """Archive B must not inherit archive A's done-set through shared relative paths."""
+    from app import scoring
+    from medclr.errors import MedclrError
+
+    out = tmp_path / "r.parquet"
+    for name in ("A", "B"):
+        (tmp_path / name).mkdir()
+        Image.fromarray(np.full((40, 48), 10 if name == "A" else 200, np.uint8)).save(tmp_path / name / "same.png")
+    opts = scoring.ScoreOptions(batch_size=2, workers=0, progress=False)
+    assert scoring.score_tree(engine, tmp_path / "A", out, opts)["scored"] == 1
+    with pytest.raises(MedclrError, match="different root"):
+        scoring.score_tree(engine, tmp_path / "B", out, opts)
+    assert len(pd.read_parquet(out)) == 1  # A's table untouched
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes(app_assets, archive, tmp_path):  # noqa: F811
     out = tmp_path / "tr.parquet"
