@@ -53,6 +53,17 @@ def test_preprocess_area_resize_and_monai_centre_crop():
 
 
 @pytest.mark.slow  # importing MONAI (through training.data) alone takes 10-20 s on a busy 2-core machine
+@pytest.mark.parametrize("image, message", [
+    (np.full((1, 500), 0.5, np.float32), "not a radiograph"),
+    (np.full((16384, 3), 0.5, np.float32), "not a radiograph"),
+    (np.full((64, 64), np.nan, np.float32), "NaN or infinite"),
+    (np.where(np.eye(64, dtype=bool), np.inf, 0.5).astype(np.float32), "NaN or infinite"),
+])
+def test_garbage_images_are_refused_not_scored(image, message):
+    with pytest.raises(MedclrError, match=message):
+        preprocess_image(image, Preprocess(32, 32))
+
+
 def test_preprocess_is_trainings_deterministic_view():
     data = pytest.importorskip("training.data", reason="training/ not present in this checkout")
     from monai.transforms import CenterSpatialCrop
