@@ -9,11 +9,13 @@ name (it may hold a patient's name): messages say "the uploaded file" instead.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,31 @@ log = logging.getLogger("medclr.app")
 # is not shown: the facts line is Markdown, and a crafted value ("CR <img src=...>", "[x](http://...)")
 # would otherwise become markup in the page.
 _CODE_STRING = re.compile(r"[A-Z0-9 _]{1,16}")
+
+
+# a file-system path inside a third-party log message (pydicom names the file it repairs)
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][^\s'\"/\\]+)+")
+
+
+def _scrub(text: str) -> str:
+    return _PATH.sub("the uploaded file", text)
+
+
+class _ScrubFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = _scrub(record.getMessage()), None
+        return True
+
+
+@contextlib.contextmanager
+def _scrubbed_paths():
+    """pydicom's own log lines, with any file path replaced, while an upload is read."""
+    logger, flt = logging.getLogger("pydicom"), _ScrubFilter()
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
 
 
 def _code_string(value: object) -> str:
@@ -107,8 +134,14 @@ class AppService:
             return hit
         start = time.perf_counter()
         try:
-            image = read_image(p, max_pixels=self.max_pixels)  # size guard first, then the header
-            header = read_header(p)
+            with warnings.catch_warnings(record=True) as caught, _scrubbed_paths():
+                # readers warn with the file's path (multi-frame, pydicom's repairs): the uploaded file's
+                # name can hold a patient's name, so warnings are logged here with the name removed
+                warnings.simplefilter("always")
+                image = read_image(p, max_pixels=self.max_pixels)  # size guard first, then the header
+                header = read_header(p)
+            for w in caught:
+                log.warning("upload: %s", _scrub(self._clean(str(w.message), str(p))))
         except MedclrError as exc:
             log.info("upload refused: %s", self._clean(str(exc), str(p)))
             raise MedclrError(f"{self._clean(str(exc), str(p))}. Please upload {ACCEPTED}.") from None

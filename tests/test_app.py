@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest_app import app_assets, engine, index_dir, rg1_path  # noqa: F401 - fixtures
+from tests.dicom_factory import make_dicom
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (ECOSYSTEM §2)
 CHEX5 = ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax")
@@ -60,6 +61,22 @@ def identified_dicom(tmp_path_factory):
     out = tmp_path_factory.mktemp("phi") / "study.dcm"
     ds.save_as(out)
     return out
+
+
+def test_upload_warnings_are_logged_without_the_file_name(engine, tmp_path, caplog):  # noqa: F811
+    """A multi-frame DICOM warns with its path; a file name can be a patient's: the log shows neither."""
+    import pydicom
+
+    from app.service import AppService
+
+    ds = pydicom.dcmread(rg1_path())
+    frames = np.stack([ds.pixel_array, ds.pixel_array])
+    name = "Doe_John_PID-7734921_multiframe.dcm"
+    path = make_dicom(tmp_path / name, frames.astype(np.uint16))
+    caplog.set_level(logging.DEBUG)
+    AppService(engine, None).upload(str(path))
+    assert "2 frames" in caplog.text  # the warning is kept, as a log line
+    assert "Doe_John" not in caplog.text and "7734921" not in caplog.text and str(tmp_path) not in caplog.text
 
 
 def test_header_values_never_become_markup(client, tmp_path):
