@@ -52,7 +52,6 @@ def test_preprocess_area_resize_and_monai_centre_crop():
     np.testing.assert_allclose(t[0].numpy(), blocks[:, 8:40], atol=1e-6)  # start = 48 // 2 - 32 // 2 = 8
 
 
-@pytest.mark.slow  # importing MONAI (through training.data) alone takes 10-20 s on a busy 2-core machine
 @pytest.mark.parametrize("image, message", [
     (np.full((1, 500), 0.5, np.float32), "not a radiograph"),
     (np.full((16384, 3), 0.5, np.float32), "not a radiograph"),
@@ -64,6 +63,7 @@ def test_garbage_images_are_refused_not_scored(image, message):
         preprocess_image(image, Preprocess(32, 32))
 
 
+@pytest.mark.slow  # importing MONAI (through training.data) alone takes 10-20 s on a busy 2-core machine
 def test_preprocess_is_trainings_deterministic_view():
     data = pytest.importorskip("training.data", reason="training/ not present in this checkout")
     from monai.transforms import CenterSpatialCrop
