@@ -7,6 +7,8 @@ sentences, local sentences x all images; score_blocks gathers the NL-contextuali
 and the sentence embeddings with gradient), so the head is trained with the towers, inside DDP and
 the optimizer. Either way the losses' sum(local rows) * W / B reduction makes DDP's gradient
 average the exact full-batch gradient, so no world-size factor appears here (docs/training.md).
+With hard_negatives.weight > 0 the hard-negative term (medclr.losses.hard_negatives) is added,
+scored through the same head and reduced the same way.
 
 Exactness of resume rests on three things: data randomness is a function of (seed, epoch,
 index) (training/data.py); the sampler position is the step (training/sampler.py); everything
@@ -43,7 +45,8 @@ log = logging.getLogger(__name__)
 
 
 class TwoTower(nn.Module):
-    """The part DDP wraps: images -> the head's image side, tokens -> sentence embedding.
+    """The part DDP wraps: images -> the head's image side, tokens -> sentence embeddings (the batch's
+    sentences, then any hard negatives the collate appended; the loop splits them).
 
     Cosine head: the global embedding (the loss pairs embeddings, exactly as before heads were
     trained). Any other head (LSE+NL): ``head.image_side`` (NL-contextualised unit region cells), so
