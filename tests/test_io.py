@@ -165,3 +165,10 @@ def test_oversized_and_truncated_png(tmp_path):
         read_image(tmp_path / "t.png")
     with pytest.raises(ImageReadError, match="not found"):
         read_image(tmp_path / "missing.png")
+
+
+def test_non_radiograph_modalities_are_refused(tmp_path):
+    pixels = np.full((64, 64), 100, np.uint16)
+    with pytest.raises(ImageReadError, match="modality US .ultrasound. is not a chest radiograph"):
+        read_image(make_dicom(tmp_path / "us.dcm", pixels, Modality="US"))
+    assert read_image(make_dicom(tmp_path / "ot.dcm", pixels, Modality="OT")).shape == (64, 64)  # secondary capture

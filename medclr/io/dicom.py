@@ -126,9 +126,19 @@ def _decode(path: Path, ds: pydicom.Dataset) -> np.ndarray:
         raise ImageReadError(f"{path}: cannot decode DICOM pixel data ({type(exc).__name__}: {exc})") from None
 
 
+# Modalities that are never a projection radiograph: a model of chest X-rays has nothing to say about
+# them, and scoring them would print confident chest findings for an ultrasound. CR/DX/DR/RG/PX and
+# OT (other: secondary captures of radiographs are common) are read.
+NOT_RADIOGRAPHS = {"US": "ultrasound", "MR": "MRI", "CT": "CT", "NM": "nuclear medicine", "PT": "PET",
+                   "XA": "angiography", "ECG": "ECG", "SR": "a structured report", "SEG": "a segmentation"}
+
+
 def read_dicom(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     path = Path(path)
     ds = _open(path, stop_before_pixels=False)
+    modality = str(ds.get("Modality", "") or "").strip().upper()
+    if modality in NOT_RADIOGRAPHS:
+        raise ImageReadError(f"{path}: modality {modality} ({NOT_RADIOGRAPHS[modality]}) is not a chest radiograph")
     if "PixelData" not in ds and "FloatPixelData" not in ds:
         raise ImageReadError(f"{path}: DICOM file has no pixel data")
     check_size(path, int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0), max_pixels)
