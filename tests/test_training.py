@@ -222,11 +222,12 @@ def test_torchrun_two_processes_nuclr_learns_and_saves_tables(tiny, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "medclr",
            *_train_cmd("nuclr", manifest, lm, out, "train.batch_size=16", "train.max_steps=20", "ckpt.every=10",
                        "ckpt.keep_last=1", "loss.freeze_zeta_epochs=0", "loss.tau=0.1", "model.head=lse_nl",
-                       "model.output_stride=16")[3:]]
+                       "model.output_stride=16", "hard_negatives.weight=1")[3:]]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [m["loss"] for m in _metrics(out) if "loss" in m]
     assert len(losses) == 20
+    assert all(m["hard_negative_term"] > 0 for m in _metrics(out) if "loss" in m)  # reduced over both ranks
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.1, losses
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and state["step"] == 20 and state["n_train"] == 16

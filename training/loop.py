@@ -296,7 +296,9 @@ def _run(plan: Plan, env: DistEnv) -> dict:
             if hard_weight > 0:
                 rows = batch["hard_index"].to(env.device)
                 pair_score = (head or model.head).score_pairs
-                count = int(round(float(all_reduce_mean(torch.tensor(float(rows.numel())), env)) * env.world_size))
+                # on the device: NCCL reduces CUDA tensors only
+                local = torch.tensor(float(rows.numel()), device=env.device)
+                count = int(round(float(all_reduce_mean(local, env)) * env.world_size))
                 hard_value = hard_negative_term(pair_score(img_side[rows], txt_emb[rows]),
                                                 pair_score(img_side[rows], txt_all[images.shape[0]:].float()),
                                                 hard_tau, count, env.world_size)

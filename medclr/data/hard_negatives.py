@@ -23,7 +23,7 @@ radiology needs the negation itself). The cues radiology reports use are few and
 Chapman et al. 2001: "no", "without", "not", "negative for", "free of", "clear of"), and no kept
 library rewrites a sentence into its opposite (negspacy, pyConText detect negation, they do not
 produce it). The grammar is small, readable, and tested on the phrases reports and the
-zero-shot prompts use (tests/test_negation.py).
+zero-shot prompts use (tests/test_hard_negatives.py).
 
 Rules, first match wins:
 
@@ -168,10 +168,6 @@ def _stated(report: list[str]) -> tuple[set[str], set[str]]:
     return findings, sides
 
 
-def _keep_case(found: str, words: str) -> str:
-    return _cap(words) if found[:1].isupper() else words
-
-
 def swap_finding(sentence: str, report: list[str], pick) -> str | None:
     """The sentence with its one named finding replaced by a finding the report does not state
     (``pick(n)`` chooses among the n candidates), or None."""
@@ -183,7 +179,7 @@ def swap_finding(sentence: str, report: list[str], pick) -> str | None:
     if not targets:
         return None
     words = FINDINGS[targets[pick(len(targets))]][1]
-    return FINDINGS[found[0]][0].sub(lambda m: _keep_case(m.group(0), words), " ".join(sentence.split()), count=1)
+    return FINDINGS[found[0]][0].sub(lambda m: _same_case(m.group(0), words), " ".join(sentence.split()), count=1)
 
 
 def swap_side(sentence: str, report: list[str]) -> str | None:
@@ -195,7 +191,7 @@ def swap_side(sentence: str, report: list[str]) -> str | None:
     other = "right" if named[0] == "left" else "left"
     if other in _stated(report)[1]:
         return None
-    return _SIDES[named[0]].sub(lambda m: _keep_case(m.group(0), other), " ".join(sentence.split()))
+    return _SIDES[named[0]].sub(lambda m: _same_case(m.group(0), other), " ".join(sentence.split()))
 
 
 def hard_negatives(sentence: str, report: list[str], kinds=KINDS, pick=lambda n: 0) -> list[str]:
