@@ -70,3 +70,22 @@ def test_prepare_mimic_tree_with_mscxr(tmp_path):
 def test_unbuilt_or_built_commands_answer(name):
     result = medclr(name, "--help")
     assert result.returncode == 0 and "usage: medclr" in result.stdout
+
+
+def test_demo_trains_the_preset_the_machine_can_afford(monkeypatch):
+    """`medclr demo --preset auto`: gpu_small (the 2,500-step recipe) with CUDA, cpu_small without."""
+    import argparse
+    from pathlib import Path
+
+    import torch
+
+    from app.demo import plan, preset
+
+    args = argparse.Namespace(preset="auto", n=10, seed=0, eval_per_class=1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert preset(args) == "cpu_small"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert preset(args) == "gpu_small"
+    train = next(s for s in plan(Path("w"), args) if s.command == "train")
+    assert "preset=gpu_small" in train.argv
+    assert preset(argparse.Namespace(preset="cpu_small")) == "cpu_small"

@@ -249,3 +249,28 @@ def test_one_checkpoint_keeps_the_single_run_layout_and_bad_checkpoint_is_one_li
     assert exc.value.code == 0
     help_text = capsys.readouterr().out
     assert "--checkpoint runs/dcl_s0 --checkpoint runs/dcl_s1" in help_text and "1_dcl_s0" in help_text
+
+
+def test_paired_runs_pairs_checkpoint_k_of_each_run(capsys):
+    """bench/paired_runs.py: every pooled metric of two runs, differenced seed by seed (k with k)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("paired_runs", Path(__file__).parents[1] / "bench" / "paired_runs.py")
+    paired_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paired_runs)
+
+    def run(auc, cardio):
+        entry = lambda vals: {"mean": float(np.mean(vals)), "per_checkpoint": [{"value": v, "ci": None} for v in vals]}
+        return {"pooled": {"summary": {"AUC": entry(auc)},
+                           "zeroshot": {"per_class": {"Cardiomegaly": {"AUC": entry(cardio)}}, "classes": ["Cardiomegaly"]}}}
+
+    a, b = run([0.9, 0.7, 0.8], [0.6, 0.9, 0.5]), run([0.6, 0.6, 0.4], [0.6, 0.9, 0.5])
+    rows = {r["metric"]: r for r in paired_runs.compare(a, b)}
+    assert set(rows) == {"summary.AUC", "zeroshot.per_class.Cardiomegaly.AUC"}
+    diff = rows["summary.AUC"]
+    mean, _, n, lo, hi = by_hand([0.3, 0.1, 0.4])  # seed by seed, not the 0.8 − 0.533 of unpaired means alone
+    np.testing.assert_allclose([diff["diff"], diff["ci_low"], diff["ci_high"]], [mean, lo, hi], rtol=1e-12)
+    assert diff["n"] == n == 3 and rows["zeroshot.per_class.Cardiomegaly.AUC"]["diff"] == 0.0
+    shuffled = run([0.8, 0.9, 0.7], [0.6, 0.9, 0.5])  # the same values in another seed order pair differently
+    assert paired_runs.compare(shuffled, b)[0]["ci_low"] != diff["ci_low"]

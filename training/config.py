@@ -182,7 +182,9 @@ def load_config(config: str | os.PathLike, overrides: list[str] | None = None) -
     if not preset_path.is_file():
         names = sorted(p.stem[len("preset_"):] for p in CONFIG_DIR.glob("preset_*.yaml"))
         raise MedclrError(f"config preset {preset!r}: unknown (presets: {', '.join(names)})")
-    cfg = deep_merge(schema, _read_yaml(preset_path))
+    cfg = schema
+    for _, data in _layers(preset_path):  # a preset may extend another (gpu_small extends cpu_small)
+        cfg = deep_merge(cfg, data)
     cfg = deep_merge(cfg, merged_method)
     cfg = deep_merge(cfg, over)
     cfg = _check_keys(cfg, schema)
