@@ -20,7 +20,8 @@ EPILOG = """examples:
 Writes results.parquet (path, height, width, one probability column per CheX5 class[, embedding])
 and results.errors.parquet (path, error) for files that could not be read. Work is saved in
 results.parquet.parts/ as it goes: rerun the same command after a crash (or on a grown archive) and
-only the files not yet scored are scored, each exactly once."""
+only the files not yet scored, or changed (size or mtime) since they were scored, are scored, each
+exactly once; a changed file's row is replaced."""
 
 
 def _default_workers() -> int:
@@ -73,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
         shutdown()
     if int(os.environ.get("RANK", 0)) == 0:
         merged = stats.get("merged", {})
-        print(f"scored {stats['scored']} files ({stats['errors']} unreadable, {stats['skipped_done']} already done) "
+        changed = f", {stats['changed']} changed since scored" if stats.get("changed") else ""
+        print(f"scored {stats['scored']} files ({stats['errors']} unreadable, {stats['skipped_done']} already done"
+              f"{changed}) "
               f"in {stats['seconds']:.1f} s; {args.out}: {merged.get('rows', 0)} rows, "
               f"{merged.get('errors', 0)} in the errors table")
     return 0

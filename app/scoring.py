@@ -5,10 +5,14 @@ Crash safety (append-only parts + a done-set):
 * results go to ``OUT.parts/`` as parquet parts, each written to a temporary name and renamed, so a
   part is either complete or absent; a part holds one row per file it covers (``ok`` rows with scores,
   error rows with the one-line reason);
-* on start, the done-set is the union of the paths in all parts; only files outside it are scored, so
-  after a crash (even SIGKILL) the files of the part in flight are scored again and nothing twice;
+* every row keeps the file's size and mtime (ns) as stat'ed just before it was read, and the run that
+  wrote it (``run``, one more than any run in the parts);
+* on start, the done-set is the paths whose newest row (highest ``run``) still matches the file's size
+  and mtime; only other files are scored, so after a crash (even SIGKILL) the files of the part in flight
+  are scored again and nothing twice, and a file changed in place since it was scored is scored again;
 * at the end ``OUT`` (scores, sorted by path) and ``OUT`` with ``.errors.parquet`` (unreadable files)
-  are rebuilt from all parts, atomically. Rerunning on a grown archive scores only the new files.
+  are rebuilt from the newest row of each path in all parts, atomically (a rescored file's older row
+  stays in its part, superseded). Rerunning on a grown archive scores only the new and changed files.
 * ``OUT.parts/run.json`` records the checkpoint (weights SHA-256), preprocessing, options and the
   archive's root: resuming with a different model, options or archive is refused (relative paths of
   two archives would otherwise count as done for each other and mix in one table).
@@ -67,11 +71,38 @@ def errors_path(out: Path) -> Path:
     return out.with_name(stem + ".errors.parquet")
 
 
-def done_set(parts: Path) -> set[str]:
-    done: set[str] = set()
+def fingerprint(path: Path) -> tuple[int, int]:
+    """(size, mtime in ns) of a file, (-1, -1) when it cannot be stat'ed: one stat, no read.
+
+    Not a content hash: hashing would read the whole archive on every resume (as many bytes as scoring
+    it), a stat is one metadata call per file. A rewrite that keeps both size and mtime to the
+    nanosecond (e.g. ``touch -r`` after editing) is not noticed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1)
+    return (int(st.st_size), int(st.st_mtime_ns))
+
+
+def scored(parts: Path) -> dict[str, tuple[int, tuple[int, int] | None]]:
+    """path -> (run, (size, mtime_ns)) of its newest row in the parts; the fingerprint is None for rows
+    written before fingerprints were kept (they count as done, as they did then)."""
+    latest: dict[str, tuple[int, tuple[int, int] | None]] = {}
     for p in sorted(parts.glob("part-*.parquet")):
-        done.update(pq.read_table(p, columns=["path"]).column("path").to_pylist())
-    return done
+        names = pq.read_schema(p).names
+        cols = pq.read_table(p, columns=[c for c in ("path", "run", "size", "mtime_ns") if c in names]).to_pydict()
+        n = len(cols["path"])
+        runs = cols.get("run", [0] * n)
+        sizes, mtimes = cols.get("size", [None] * n), cols.get("mtime_ns", [None] * n)
+        for path, run, size, mtime in zip(cols["path"], runs, sizes, mtimes):
+            if path not in latest or run > latest[path][0]:
+                latest[path] = (run, None if size is None else (size, mtime))
+    return latest
+
+
+def done_set(latest: dict[str, tuple[int, tuple[int, int] | None]], prints: dict[str, tuple[int, int]]) -> set[str]:
+    """The files of ``prints`` (path -> current fingerprint) whose newest row still matches them."""
+    return {f for f, fp in prints.items() if f in latest and latest[f][1] in (None, fp)}
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
@@ -137,16 +168,22 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike, opts: Sc
         _barrier(group)
 
     files = find_images(root, skip=parts)[rank::world]
-    done = done_set(parts)
+    # stat'ed before reading: a file changed while it is read keeps its old fingerprint and is rescored
+    prints = {f: fingerprint(root / f) for f in files}
+    latest = scored(parts)
+    done = done_set(latest, prints)
     todo = [f for f in files if f not in done]
+    changed = sum(f in latest for f in todo)
+    # newer than every row in the parts: a rescored file's new row supersedes its old one
+    this_run = 1 + max((r for r, _ in latest.values()), default=0)
     seq = 1 + max((int(p.stem.split("-")[2]) for p in parts.glob(f"part-r{rank:03d}-*.parquet")), default=0)
-    log.info("score: rank %d/%d: %d files, %d already done, %d to score", rank, world, len(files),
-             len(files) - len(todo), len(todo))
-    stats = {"files": len(files), "skipped_done": len(files) - len(todo), "scored": 0, "errors": 0, "parts": 0,
-             "seconds": 0.0}
+    log.info("score: rank %d/%d: %d files, %d already done, %d to score (%d changed since scored)", rank, world,
+             len(files), len(files) - len(todo), len(todo), changed)
+    stats = {"files": len(files), "skipped_done": len(files) - len(todo), "changed": changed, "scored": 0,
+             "errors": 0, "parts": 0, "seconds": 0.0}
     start = time.perf_counter()
     if todo:
-        stats.update(_score_files(engine, root, todo, parts, rank, seq, classes, opts))
+        stats.update(_score_files(engine, root, todo, prints, this_run, parts, rank, seq, classes, opts))
     stats["seconds"] = time.perf_counter() - start
     _barrier(group)
     if rank == 0:
@@ -155,8 +192,8 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike, opts: Sc
     return stats
 
 
-def _score_files(engine, root: Path, todo: list[str], parts: Path, rank: int, seq: int, classes: list[str],
-                 opts: ScoreOptions) -> dict[str, int]:
+def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[int, int]], this_run: int,
+                 parts: Path, rank: int, seq: int, classes: list[str], opts: ScoreOptions) -> dict[str, int]:
     from medclr.inference import image_loader
 
     loader = image_loader([root / f for f in todo], engine.preprocess, opts.batch_size, opts.workers,
@@ -188,7 +225,9 @@ def _score_files(engine, root: Path, todo: list[str], parts: Path, rank: int, se
         k = 0
         for j, i in enumerate(batch["i"].tolist()):
             error = batch["error"][j].replace(str(root / todo[i]), todo[i])  # paths relative to --input
-            row: dict[str, Any] = {"path": todo[i], "ok": bool(ok[j]), "error": error,
+            size, mtime_ns = prints[todo[i]]
+            row: dict[str, Any] = {"path": todo[i], "ok": bool(ok[j]), "error": error, "size": size,
+                                   "mtime_ns": mtime_ns, "run": this_run,
                                    "height": int(batch["height"][j]), "width": int(batch["width"][j])}
             if ok[j]:
                 row["probs"] = probs[k]
@@ -214,6 +253,9 @@ def _table(rows: list[dict[str, Any]], classes: list[str], embeddings: bool) -> 
         "path": pa.array([r["path"] for r in rows], pa.string()),
         "ok": pa.array([r["ok"] for r in rows], pa.bool_()),
         "error": pa.array([r["error"] for r in rows], pa.string()),
+        "size": pa.array([r["size"] for r in rows], pa.int64()),
+        "mtime_ns": pa.array([r["mtime_ns"] for r in rows], pa.int64()),
+        "run": pa.array([r["run"] for r in rows], pa.int32()),
         "height": pa.array([r["height"] for r in rows], pa.int32()),
         "width": pa.array([r["width"] for r in rows], pa.int32()),
     }
@@ -227,20 +269,27 @@ def _table(rows: list[dict[str, Any]], classes: list[str], embeddings: bool) -> 
 
 
 def merge(out: Path, classes: list[str], embeddings: bool) -> dict[str, int]:
-    """Rebuild OUT (ok rows) and the errors table from all parts, atomically."""
+    """Rebuild OUT (ok rows) and the errors table from the newest row of each path in all parts, atomically."""
     parts = sorted(parts_dir(out).glob("part-*.parquet"))
     if parts:
         table = pa.concat_tables([pq.read_table(p) for p in parts], promote_options="default")
     else:
         table = _table([], classes, embeddings)
-    paths = table.column("path").to_pylist()
-    if len(set(paths)) != len(paths):  # cannot happen by construction; refuse to hide it if it does
-        raise MedclrError(f"{parts_dir(out)}: a file appears in two parts; the parts folder was edited by hand?")
-    order = np.argsort(np.asarray(paths, dtype=object), kind="stable") if paths else np.zeros(0, np.int64)
-    table = table.take(pa.array(order, pa.int64()))
+    if "run" not in table.column_names:  # parts written before runs were numbered
+        table = table.append_column("run", pa.array(np.zeros(table.num_rows, np.int32)))
+    newest: dict[str, tuple[int, int]] = {}  # path -> (run, row)
+    runs = table.column("run").fill_null(0).to_pylist()
+    for i, (path, run) in enumerate(zip(table.column("path").to_pylist(), runs)):
+        if path in newest and newest[path][0] == run:  # cannot happen by construction; refuse to hide it
+            raise MedclrError(f"{parts_dir(out)}: {path} has two rows of the same run; "
+                              "the parts folder was edited by hand?")
+        if path not in newest or run > newest[path][0]:
+            newest[path] = (run, i)
+    table = table.take(pa.array([newest[p][1] for p in sorted(newest)], pa.int64())).drop_columns(["run"])
     ok = table.column("ok")
     good = table.filter(ok).drop_columns(["ok", "error"])
-    bad = table.filter(pc.invert(ok)).select(["path", "error"])
+    bad = table.filter(pc.invert(ok))
+    bad = bad.select([c for c in ("path", "error", "size", "mtime_ns") if c in bad.column_names])
     meta = {b"medclr": json.dumps(json.loads((parts_dir(out) / RUN_NAME).read_text())).encode()}
     _write_atomic(good.replace_schema_metadata(meta), out)
     _write_atomic(bad.replace_schema_metadata(meta), errors_path(out))

@@ -143,6 +143,88 @@ def test_resuming_onto_another_archive_is_refused(engine, tmp_path, monkeypatch)
     assert len(pd.read_parquet(out)) == 1  # A's table untouched
 
 
+CLASSES = ["Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax"]
+
+
+def test_file_changed_in_place_is_rescored_and_its_row_replaced(engine, tmp_path, monkeypatch):  # noqa: F811
+    """Same path, same size, new pixels: exactly that file is scored again and the table holds one row for it,
+    with the new score; a truncated file completed in place moves from the errors to the results. A crash
+    after the rescore's part is written (before the merge) loses nothing and rescores nothing."""
+    from app import scoring
+    from tests.dicom_factory import make_dicom
+
+    root = tmp_path / "archive"
+    root.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(5):
+        make_dicom(root / f"{i}.dcm", rng.integers(0, 4096, (48, 64), dtype=np.uint16), bits_stored=12)
+    full = (root / "4.dcm").read_bytes()
+    (root / "4.dcm").write_bytes(full[: len(full) // 2])  # truncated (an interrupted copy)
+    out = tmp_path / "r.parquet"
+    opts = scoring.ScoreOptions(batch_size=2, workers=0, part_files=2, progress=False)
+    stats = scoring.score_tree(engine, root, out, opts)
+    assert (stats["scored"], stats["errors"], stats["changed"]) == (4, 1, 0)
+    before = pd.read_parquet(out).set_index("path")
+    assert list(before.index) == [f"{i}.dcm" for i in range(4)]
+    assert list(pd.read_parquet(scoring.errors_path(out))["path"]) == ["4.dcm"]
+    st = (root / "1.dcm").stat()
+    assert (before.loc["1.dcm", "size"], before.loc["1.dcm", "mtime_ns"]) == (st.st_size, st.st_mtime_ns)
+
+    # new pixels in place, same byte size; the mtime moves on (set explicitly: some file systems stamp
+    # in coarse ticks, and two writes inside one tick keep the mtime: docs/scoring.md)
+    changed = root / "1.dcm"
+    make_dicom(changed, np.tile(np.arange(64, dtype=np.uint16) * 64, (48, 1)), bits_stored=12)
+    assert changed.stat().st_size == st.st_size
+    os.utime(changed, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    (root / "4.dcm").write_bytes(full)  # the copy completed
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # killed after the parts, before the merge
+
+    monkeypatch.setattr(scoring, "merge", crash)
+    with pytest.raises(KeyboardInterrupt):
+        scoring.score_tree(engine, root, out, opts)
+    monkeypatch.undo()
+    stats = scoring.score_tree(engine, root, out, opts)  # resume: the rescored rows are already in the parts
+    assert (stats["scored"], stats["skipped_done"], stats["changed"]) == (0, 5, 0)
+
+    after = pd.read_parquet(out).set_index("path")
+    assert list(after.index) == [f"{i}.dcm" for i in range(5)]  # one row per file, the broken one now read
+    assert len(pd.read_parquet(scoring.errors_path(out))) == 0
+    new_probs = engine.zero_shot(changed)
+    for cls in CLASSES:
+        assert after.loc["1.dcm", cls] == pytest.approx(new_probs[cls], abs=1e-5)
+    assert max(abs(after.loc["1.dcm", c] - before.loc["1.dcm", c]) for c in CLASSES) > 1e-4
+    for f in ("0.dcm", "2.dcm", "3.dcm"):  # untouched files: the same rows
+        assert after.loc[f].equals(before.loc[f])
+    assert after.loc["1.dcm", "mtime_ns"] == st.st_mtime_ns + 10**9
+    # the parts keep the superseded row (two rows for 1.dcm and 4.dcm), the tables do not
+    in_parts = pd.concat([pd.read_parquet(p, columns=["path", "run"]) for p in scoring.parts_dir(out).glob("part-*")])
+    assert sorted(in_parts["path"]) == sorted([f"{i}.dcm" for i in range(5)] + ["1.dcm", "4.dcm"])
+    assert sorted(in_parts[in_parts["path"] == "1.dcm"]["run"]) == [1, 2]
+    assert scoring.score_tree(engine, root, out, opts)["scored"] == 0  # nothing left to do
+
+
+def test_parts_without_fingerprints_still_count_as_done(engine, tmp_path):  # noqa: F811
+    """Parts written before size/mtime/run were recorded: their files stay done; the merge reads them."""
+    from app import scoring
+
+    root = tmp_path / "a"
+    root.mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((40, 48), 60 * i, np.uint8)).save(root / f"{i}.png")
+    out = tmp_path / "r.parquet"
+    opts = scoring.ScoreOptions(batch_size=2, workers=0, part_files=2, progress=False)
+    scoring.score_tree(engine, root, out, opts)
+    for p in scoring.parts_dir(out).glob("part-*.parquet"):
+        pq.write_table(pq.read_table(p).drop_columns(["size", "mtime_ns", "run"]), p)
+    Image.fromarray(np.full((40, 48), 250, np.uint8)).save(root / "3.png")
+    stats = scoring.score_tree(engine, root, out, opts)
+    assert (stats["scored"], stats["skipped_done"]) == (1, 3)
+    res = pd.read_parquet(out)
+    assert list(res["path"]) == [f"{i}.png" for i in range(4)] and res["size"].isna().sum() == 3
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes(app_assets, archive, tmp_path):  # noqa: F811
     out = tmp_path / "tr.parquet"

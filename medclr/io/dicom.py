@@ -4,7 +4,8 @@ The display pipeline of the DICOM standard (PS3.4 grayscale pipeline), with
 pydicom's own LUT functions: stored values -> Modality LUT (rescale) -> VOI LUT
 or window -> normalise by the VOI output range -> invert MONOCHROME1 (pydicom
 never does) and INVERSE presentation. Compressed syntaxes decode through
-pydicom's plugins (pylibjpeg-openjpeg for JPEG 2000, Pillow for the rest).
+pydicom's plugins: pylibjpeg-openjpeg for JPEG 2000, Pillow for 8-bit JPEG, python-gdcm for JPEG
+Lossless and JPEG-LS, imagecodecs (``medclr.io.jpeg12``, when installed) for 12-bit JPEG Extended.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pydicom
+from pydicom import uid
 from pydicom.errors import InvalidDicomError
-from pydicom.pixels import apply_modality_lut, apply_voi_lut
+from pydicom.pixels import apply_modality_lut, apply_voi_lut, get_decoder, pixel_array
 from skimage.color import rgb2gray
 
 from medclr.errors import ImageReadError
+from medclr.io import jpeg12
 from medclr.io.limits import MAX_PIXELS, check_size
 
 # Header fields the product may show; patient identifiers are never read out.
@@ -90,7 +93,7 @@ def read_dicom_header(path: str | Path) -> dict:
         "pixel_spacing_mm": _spacing(ds),
         "photometric": str(ds.get("PhotometricInterpretation", "") or ""),
         "bits_stored": int(ds.get("BitsStored", 0) or 0),
-        "frames": int(ds.get("NumberOfFrames", 1) or 1),
+        "frames": _frames(path, ds),
         "transfer_syntax": str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "")),
         "body_part": str(ds.get("BodyPartExamined", "") or ""),
     }
@@ -113,17 +116,92 @@ def _voi_range(ds: pydicom.Dataset, src: np.ndarray) -> tuple[float, float] | No
     return (float(lo), float(hi)) if hi > lo else None
 
 
-def _decode(path: Path, ds: pydicom.Dataset) -> np.ndarray:
-    frames = int(ds.get("NumberOfFrames", 1) or 1)
+def _frames(path: Path, ds: pydicom.Dataset) -> int:
     try:
-        if frames > 1:
-            warnings.warn(f"{path}: {frames} frames, using the first", stacklevel=3)
-            from pydicom.pixels import pixel_array
+        return int(ds.get("NumberOfFrames", 1) or 1)  # an IS string, converted on first access
+    except (TypeError, ValueError):
+        raw = getattr(ds.get_item("NumberOfFrames"), "value", b"")
+        value = raw.decode("ascii", "replace").strip() if isinstance(raw, bytes) else str(raw)
+        raise ImageReadError(f"{path}: invalid NumberOfFrames {value!r}") from None
 
-            return pixel_array(ds, index=0)
-        return ds.pixel_array
-    except Exception as exc:  # truncated data, missing decoder, bad syntax
-        raise ImageReadError(f"{path}: cannot decode DICOM pixel data ({type(exc).__name__}: {exc})") from None
+
+# pydicom's decoding plugins, tried in this order (then any other that is installed). The syntaxes
+# read before python-gdcm was a dependency keep their decoder (OpenJPEG, Pillow), so adding GDCM
+# changes no score; GDCM reads JPEG Lossless and JPEG-LS; 12-bit JPEG Extended needs imagecodecs.
+_PLUGIN_ORDER = {
+    uid.JPEGBaseline8Bit: ("pillow", "pylibjpeg", "gdcm"),
+    uid.JPEGExtended12Bit: ("pillow", jpeg12.LABEL, "pylibjpeg", "gdcm"),
+    uid.JPEGLossless: ("gdcm", "pylibjpeg"),
+    uid.JPEGLosslessSV1: ("gdcm", "pylibjpeg"),
+    uid.JPEGLSLossless: ("gdcm", "pylibjpeg", "pyjpegls"),
+    uid.JPEGLSNearLossless: ("gdcm", "pylibjpeg", "pyjpegls"),
+    uid.JPEG2000Lossless: ("pylibjpeg", "gdcm", "pillow"),
+    uid.JPEG2000: ("pylibjpeg", "gdcm", "pillow"),
+}
+# What to install when no plugin for a syntax is there (one line, no developer listing).
+_INSTALL = {
+    **dict.fromkeys((uid.JPEGBaseline8Bit, uid.JPEGLossless, uid.JPEGLosslessSV1, uid.JPEGLSLossless,
+                     uid.JPEGLSNearLossless), "pip install python-gdcm"),
+    uid.JPEGExtended12Bit: "pip install imagecodecs",
+    **dict.fromkeys(uid.JPEG2000TransferSyntaxes, "pip install pylibjpeg pylibjpeg-openjpeg"),
+}
+
+
+def _register_plugins() -> None:
+    from pydicom.pixels.decoders import JPEGExtended12BitDecoder
+
+    try:
+        JPEGExtended12BitDecoder.add_plugin(jpeg12.LABEL, ("medclr.io.jpeg12", "decode_frame"))
+    except ValueError:  # already registered (module reloaded)
+        pass
+
+
+_register_plugins()
+
+
+def _one_line(text: str) -> str:
+    """A plugin's message on one line (pydicom's list plugins and tracebacks over several)."""
+    return " ".join(str(text).split())
+
+
+def _plugins(path: Path, ds: pydicom.Dataset, tsyntax: uid.UID) -> list[str]:
+    """The decoding plugins to try for a compressed syntax, in order; [""] (pydicom's choice) otherwise."""
+    try:
+        if not tsyntax.is_encapsulated:
+            return [""]
+        decoder = get_decoder(tsyntax)
+    except (ValueError, NotImplementedError):  # not a transfer syntax, or one pydicom has no decoder for
+        raise ImageReadError(f"{path}: transfer syntax {tsyntax} ({tsyntax.name}) is not supported") from None
+    available = decoder.available_plugins
+    twelve_bit = tsyntax == uid.JPEGExtended12Bit and int(ds.get("BitsStored", 8) or 8) > 8
+    if twelve_bit:  # Pillow and GDCM decode 8-bit JPEG Extended only
+        available = tuple(p for p in available if p not in ("pillow", "gdcm"))
+    if not available:
+        what = f"12-bit {tsyntax.name}" if twelve_bit else tsyntax.name
+        hint = f" ({_INSTALL[tsyntax]})" if tsyntax in _INSTALL else ""
+        raise ImageReadError(f"{path}: cannot decode {what} ({tsyntax}) pixel data: no decoder installed{hint}")
+    order = [p for p in _PLUGIN_ORDER.get(tsyntax, ()) if p in available]
+    return order + [p for p in available if p not in order]
+
+
+def decode_pixels(path: str | Path, ds: pydicom.Dataset) -> np.ndarray:
+    """The stored values of the first frame (pydicom's plugins; YBR becomes RGB); one-line ImageReadError."""
+    path = Path(path)
+    frames = _frames(path, ds)
+    tsyntax = getattr(ds, "file_meta", {}).get("TransferSyntaxUID")
+    if not tsyntax:
+        raise ImageReadError(f"{path}: cannot decode DICOM pixel data: the file names no transfer syntax")
+    tsyntax = uid.UID(str(tsyntax))
+    if frames > 1:
+        warnings.warn(f"{path}: {frames} frames, using the first", stacklevel=3)
+    failures = []
+    for plugin in _plugins(path, ds, tsyntax):
+        try:
+            return pixel_array(ds, index=0 if frames > 1 else None, decoding_plugin=plugin)
+        except Exception as exc:  # truncated data, corrupt stream, a plugin's limits
+            failures.append(_one_line(f"{plugin + ': ' if plugin else ''}{type(exc).__name__}: {exc}"))
+    name = tsyntax.name if tsyntax.is_transfer_syntax else str(tsyntax)
+    raise ImageReadError(f"{path}: cannot decode DICOM pixel data ({name}; {'; '.join(failures)})")
 
 
 # Modalities that are never a projection radiograph: a model of chest X-rays has nothing to say about
@@ -142,7 +220,7 @@ def read_dicom(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     if "PixelData" not in ds and "FloatPixelData" not in ds:
         raise ImageReadError(f"{path}: DICOM file has no pixel data")
     check_size(path, int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0), max_pixels)
-    arr = _decode(path, ds)
+    arr = decode_pixels(path, ds)
     photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper()
     if int(ds.get("SamplesPerPixel", 1) or 1) > 1:
         # pydicom converts YBR to RGB by default; grey is the luminance.
