@@ -170,6 +170,17 @@ def test_cli_text_search_prints_head_scores(lse, capsys):
     assert [p["score"] for p in printed] == [round(h["score"], 4) for h in want]
 
 
+def test_app_text_retrieval_shows_head_scores(lse):
+    from app.service import AppService
+
+    engine, out = lse
+    idx = load_index(out, engine)
+    gallery = AppService(engine, idx).retrieve_by_text(QUERIES[6], k=5)
+    want = idx.search_images_by_text(engine.embed_texts([QUERIES[6]]), 5)[0]
+    assert [c for _, c in gallery] and [c.split(" · ")[0] for _, c in gallery] == [f"{h['score']:.3f}" for h in want]
+    assert [int(c.split(" · ")[1][1:]) for _, c in gallery] == [int(h["manifest_index"]) for h in want]
+
+
 def test_add_keeps_cells_in_step(lse, assets, tmp_path):
     from medclr.data.manifest import read_manifest, write_manifest
 
