@@ -234,7 +234,8 @@ class AppService:
         index = self._need_index()
         if text is None or not str(text).strip():
             raise MedclrError("please type a description to search for, e.g. 'right pneumothorax'")
-        return self._gallery(index.search_images(self.engine.embed_texts([str(text)]), _k(k))[0])
+        # ranked (and scored) by the checkpoint's head: LSE+NL re-ranks faiss's global-cosine candidates
+        return self._gallery(index.search_images_by_text(self.engine.embed_texts([str(text)]), _k(k))[0])
 
     def report_sentences(self, manifest_index: int) -> list[str]:
         index = self._need_index()

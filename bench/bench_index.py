@@ -8,6 +8,14 @@ time (as a clinician's request arrives).
 
     OMP_NUM_THREADS=1 python bench/bench_index.py --sizes 100000           # ~1 min
     OMP_NUM_THREADS=2 python bench/bench_index.py --sizes 100000 1000000   # the 1e6 run (HNSW build minutes)
+    OMP_NUM_THREADS=1 python bench/bench_index.py --rerank 5000            # LSE+NL re-ranking of text queries
+
+``--rerank N``: text -> image search through ``RetrievalIndex.search_images_by_text`` (faiss's top
+max(10 k, 100) by global cosine re-ranked by an LSE+NL head on float16 cells, 8 x 8 x 128 per image,
+memory-mapped) against plain ``search_images`` at k = 8, the full head scan it replaces, the cells
+file's size, and how many of the full scan's top k the pool keeps (synthetic cells: images drawn
+around 200 cluster centres, cells = centre + per-cell noise, global = their normalised mean; the
+recall on a trained model's cells is not this number).
 
 Prints one JSON line per figure: {"bench", "metric", "value", "unit", "vs"}.
 """
@@ -76,6 +84,91 @@ def _set_param(vi: VectorIndex, name: str, value: int) -> None:
         faiss.extract_index_ivf(vi.cpu).nprobe = value
 
 
+def rerank_bench(n: int, k: int, queries: int, pools: list[int], gamma: float, seed: int = 0) -> None:
+    import tempfile
+
+    import pandas as pd
+    import torch
+
+    from medclr.index.store import RetrievalIndex, rerank_pool
+    from medclr.models.similarity import LSENLHead
+
+    torch.set_num_threads(1)
+    d, cells_per_image, clusters = 128, 64, 200
+    rng = np.random.default_rng(seed)
+    centres = normalized(rng.standard_normal((clusters, d)).astype(np.float32))
+    tmp = Path(tempfile.mkdtemp(prefix="bench_rerank_"))
+    path = tmp / "image_cells.npy"
+    cells = np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=(n, cells_per_image, d))
+    glob = np.empty((n, d), np.float32)
+    for start in range(0, n, 1000):
+        m = min(1000, n - start)
+        c = centres[rng.integers(0, clusters, m)][:, None, :] + \
+            1.5 * rng.standard_normal((m, cells_per_image, d)).astype(np.float32) / np.sqrt(d)
+        c /= np.linalg.norm(c, axis=-1, keepdims=True)
+        cells[start:start + m] = c.astype(np.float16)
+        glob[start:start + m] = c.mean(1)
+        if start == 0:
+            exact_first = c  # float32 cells of the first images: the float16 storage's score error
+    cells.flush()
+    del cells
+    ids = np.arange(n, dtype=np.int64)
+    vi = VectorIndex.create(d, "flat", use_gpu=False)
+    vi.add(glob, ids)
+    table = pd.DataFrame({"id": ids, "manifest_index": ids, "image_path": "", "report": ""}).set_index("id", drop=False)
+    head = LSENLHead(d, gamma=gamma, trained=True).eval()
+    idx = RetrievalIndex(tmp, {}, vi, None, table, None, None, head=head, cells=np.load(path, mmap_mode="r"),
+                         cell_ids=pd.Index(ids), device=torch.device("cpu"))
+    # a text query: one cell of a random image, plus noise
+    src = rng.integers(0, n, queries)
+    q = np.asarray(idx.cells[src, rng.integers(0, cells_per_image, queries)], np.float32)
+    q = normalized(q + 0.5 * rng.standard_normal(q.shape).astype(np.float32) / np.sqrt(d))
+    size = path.stat().st_size
+    tag = {"n": n, "k": k, "dim": d, "cells_per_image": cells_per_image, "gamma": gamma}
+    with torch.inference_mode():
+        qt = torch.from_numpy(q)
+        err = (head.score(torch.from_numpy(np.asarray(idx.cells[:len(exact_first)])).float(), qt)
+               - head.score(torch.from_numpy(exact_first), qt)).abs()
+    emit("float16_score_error_max", float(f"{err.max().item():.3g}"), "score", vs="float32 cells", **tag)
+    emit("float16_score_error_mean", float(f"{err.mean().item():.3g}"), "score", vs="float32 cells", **tag)
+    emit("cells_file_size", round(size / 2**20, 2), "MiB", **tag)
+    emit("cells_bytes_per_image", cells_per_image * d * 2, "B", **tag)
+
+    def timed(fn) -> tuple[float, float, list]:
+        for x in q[:10]:
+            fn(x[None])  # warm-up
+        lat, got = [], []
+        for x in q:
+            t = time.perf_counter()
+            got.append([h["id"] for h in fn(x[None])[0]])
+            lat.append((time.perf_counter() - t) * 1e3)
+        return float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), got
+
+    p50, p99, _ = timed(lambda x: idx.search_images(x, k))
+    emit("p50_latency", round(p50, 3), "ms", mode="faiss global cosine", **tag)
+    emit("p99_latency", round(p99, 3), "ms", mode="faiss global cosine", **tag)
+    all_cells = torch.from_numpy(np.asarray(idx.cells, np.float32))
+
+    def full_scan(x):
+        with torch.inference_mode():
+            s = head.score(all_cells, torch.from_numpy(x))[:, 0].numpy()
+        return [[{"id": int(i)} for i in np.argsort(-s, kind="stable")[:k]]]
+
+    p50, p99, truth = timed(full_scan)
+    emit("p50_latency", round(p50, 3), "ms", mode="head.score over all images (cells in RAM, float32)", **tag)
+    emit("p99_latency", round(p99, 3), "ms", mode="head.score over all images (cells in RAM, float32)", **tag)
+    for pool in [None, *pools]:
+        p50, p99, got = timed(lambda x: idx.search_images_by_text(x, k, pool=pool))
+        recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(got, truth)]))
+        mode = {"mode": "re-ranked", "pool": rerank_pool(k, n, pool), "default_pool": pool is None}
+        emit("p50_latency", round(p50, 3), "ms", **mode, **tag)
+        emit("p99_latency", round(p99, 3), "ms", **mode, **tag)
+        emit("recall@k_vs_full_head_scan", round(recall, 4), "fraction", **mode, **tag)
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000])
@@ -86,10 +179,18 @@ def main() -> None:
                     "1.5 makes IVF's recall drop below 1, a harder case than tight clusters")
     ap.add_argument("--ef", type=int, nargs="*", default=[64, 256], help="extra HNSW efSearch values to sweep")
     ap.add_argument("--nprobe", type=int, nargs="*", default=[64], help="extra IVF nprobe values to sweep")
+    ap.add_argument("--rerank", type=int, default=None, metavar="N",
+                    help="instead: LSE+NL re-ranking of text queries over N synthetic images (e.g. 5000)")
+    ap.add_argument("--rerank-k", type=int, default=8)
+    ap.add_argument("--rerank-pools", type=int, nargs="*", default=[400, 1000])
+    ap.add_argument("--rerank-gamma", type=float, default=20.0)
     args = ap.parse_args()
     import faiss
 
     emit("faiss_threads", faiss.omp_get_max_threads(), "threads")
+    if args.rerank:
+        rerank_bench(args.rerank, args.rerank_k, min(args.queries, 300), args.rerank_pools, args.rerank_gamma)
+        return
     for n in args.sizes:
         xb, xq = make_data(n, args.queries, args.dim, spread=args.spread)
         truth = exact_topk(xb, xq, 10)

@@ -24,8 +24,10 @@ EPILOG = """examples:
   medclr index search --checkpoint C --index DIR --image study.dcm
 
 --kind auto (default) uses exact search (IndexIDMap2(IndexFlatIP)) up to --exact-max vectors and
-HNSW above; cosine similarity throughout. The index records the checkpoint it was built from and
-refuses to serve another model."""
+HNSW above; cosine similarity of the global embeddings. A text query to an index of an LSE+NL
+checkpoint is re-ranked by the checkpoint's head: faiss's top --pool images (default max(10 k, 100))
+are scored with head.score on the image cells stored at build time. The index records the
+checkpoint it was built from and refuses to serve another model."""
 
 
 def _default_workers() -> int:
@@ -70,6 +72,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     q.add_argument("--text", help="find images for this text")
     q.add_argument("--image", help="find similar images to this DICOM/PNG/JPG")
     s.add_argument("-k", type=int, default=5)
+    s.add_argument("--pool", type=int, default=None, metavar="N",
+                   help="--text with an LSE+NL checkpoint: faiss candidates the head re-ranks (default max(10 k, 100))")
     parser.set_defaults(run=run)
 
 
@@ -96,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         if args.text is not None:
             if not args.text.strip():
                 raise MedclrError("--text: expected a non-empty phrase")
-            hits = index.search_images(engine.embed_texts([args.text]), args.k)[0]
+            hits = index.search_images_by_text(engine.embed_texts([args.text]), args.k, pool=args.pool)[0]
         else:
             hits = index.search_images(engine.embed_images([args.image]), args.k)[0]
         for h in hits:
