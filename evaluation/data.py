@@ -32,10 +32,10 @@ from evaluation import grounding as G
 from medclr.models.image import ImageFeatures
 
 from medclr.errors import MedclrError
+from medclr.phantom.writer import GROUND_TRUTH_FILE  # written by `medclr phantom`
 
 log = logging.getLogger(__name__)
 MSCXR_GLOB = "MS_CXR_Local_Alignment_v*.csv"
-GROUND_TRUTH_FILE = "phantom_ground_truth.parquet"  # written by `medclr phantom`
 
 
 @dataclass
@@ -114,21 +114,19 @@ def load_eval_data(path: str | os.PathLike) -> EvalData:
 
 def attach_ground_truth(data: EvalData) -> EvalData:
     """CXR-Phantom: when the manifest lacks ``latent_class`` (``medclr prepare --mimic`` does not
-    carry it), join it by ``dicom_id`` from ``phantom_ground_truth.parquet`` in the image root."""
-    df = data.manifest
+    carry it), join it by ``dicom_id`` from ``phantom_ground_truth.parquet`` in the image root
+    (:func:`medclr.phantom.groundtruth.attach_ground_truth`; rows it lacks get NaN). Optional: a
+    table that cannot be joined only loses the latent-class probe, with a note."""
+    from medclr.phantom.groundtruth import attach_ground_truth as attach
+
     gt = data.root / GROUND_TRUTH_FILE
-    if "latent_class" in df.columns or not gt.is_file():
+    if "latent_class" in data.manifest.columns or not gt.is_file():
         return data
     try:
-        truth = pd.read_parquet(gt, columns=["dicom_id", "latent_class", "latent_class_prob"])
-    except Exception as exc:  # noqa: BLE001 - optional extra: a broken file only loses the latent-class probe
-        data.notes.append(f"{gt}: unreadable ({type(exc).__name__}); no latent-class probe")
+        data.manifest = attach(data.manifest, gt, columns=("latent_class", "latent_class_prob"), require="none")
+    except MedclrError as exc:
+        data.notes.append(f"{exc}; no latent-class probe")
         return data
-    lookup = truth.drop_duplicates("dicom_id").set_index("dicom_id")
-    attrs = dict(df.attrs)
-    for col in ("latent_class", "latent_class_prob"):
-        df[col] = df["dicom_id"].astype(str).map(lookup[col])
-    df.attrs.update(attrs)
     data.notes.append(f"latent classes (phantom ground truth) read from {gt}")
     return data
 

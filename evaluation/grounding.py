@@ -10,17 +10,19 @@ Pure functions on arrays; no model is imported. The pinned protocol is written d
 * CNR = |μ_in − μ_out| / sqrt(σ²_in + σ²_out), population variances (ddof = 0), float64;
 * mIoU = mean over 41 thresholds −1.00, −0.95, …, 1.00 of IoU(map ≥ t, interior);
 * maps come from the model's score grid through :func:`upsample_map`: Gaussian smoothing
-  σ = 1.5 cells (BioViL), bilinear, exact resize/centre-crop geometry, NaN outside the crop.
+  σ = 1.5 cells (BioViL), bilinear, the resize/centre-crop geometry of ``medclr.geometry`` (the
+  crop the model saw in training and inference), NaN outside the crop.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from scipy import ndimage
+
+from medclr.geometry import CropGeometry
 
 __all__ = [
     "BIOVIL_SMOOTH_SIGMA",
@@ -223,88 +225,8 @@ def category_macro_average(
 # --------------------------------------------------------------------------- geometry
 
 
-@dataclass(frozen=True)
-class CropGeometry:
-    """How the model input was cut from the original image: resize to (resize_h, resize_w),
-    then crop the window whose top-left corner in RESIZED pixels is (crop_top, crop_left)
-    and whose size is (crop_h, crop_w).
-
-    The score grid covers exactly that crop window. Offsets may be negative (crop larger than
-    the resized image: torchvision pads with zeros, and those grid cells map to no original
-    pixel). The pixel grid convention is "pixel i spans [i, i+1), centre i + 0.5" at every
-    stage, as in torchvision's resize and ``interpolate(align_corners=False)``.
-    """
-
-    original_h: int
-    original_w: int
-    resize_h: int
-    resize_w: int
-    crop_top: int
-    crop_left: int
-    crop_h: int
-    crop_w: int
-
-    def __post_init__(self) -> None:
-        for name in ("original_h", "original_w", "resize_h", "resize_w", "crop_h", "crop_w"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"CropGeometry.{name} must be positive, got {getattr(self, name)}")
-
-    @classmethod
-    def from_resize_crop(cls, original_hw: tuple[int, int], resize: int, crop: int | None) -> CropGeometry:
-        """Geometry of torchvision ``Resize(resize)`` (int: shorter side → ``resize``, longer
-        side ``int(resize · long / short)``) followed by ``CenterCrop(crop)`` (offset
-        ``round((size − crop) / 2)``, zero padding when the crop is larger). ``crop=None``
-        means no crop. This is BioViL's inference transform (resize 512, crop 480 or 448)."""
-        h, w = (int(v) for v in original_hw)
-        if h <= 0 or w <= 0 or int(resize) <= 0:
-            raise ValueError(f"bad geometry: original_hw={original_hw}, resize={resize}")
-        short, long = (w, h) if w <= h else (h, w)
-        new_short, new_long = int(resize), int(int(resize) * long / short)
-        rw, rh = (new_short, new_long) if w <= h else (new_long, new_short)
-        if crop is None:
-            return cls(h, w, rh, rw, 0, 0, rh, rw)
-        c = int(crop)
-
-        def offset(size: int) -> int:
-            if c > size:  # torchvision pads (c - size) // 2 before, then crops at 0
-                return -((c - size) // 2)
-            return int(round((size - c) / 2.0))
-
-        return cls(h, w, rh, rw, offset(rh), offset(rw), c, c)
-
-    @classmethod
-    def identity(cls, original_hw: tuple[int, int]) -> CropGeometry:
-        """The grid covers the whole image (no resize artefacts, no crop)."""
-        h, w = (int(v) for v in original_hw)
-        return cls(h, w, h, w, 0, 0, h, w)
-
-    def crop_slices(self) -> tuple[slice, slice]:
-        """Rows/columns of the ORIGINAL image whose pixel centre falls inside the crop window
-        (these are the pixels :func:`upsample_map` fills; all others are NaN)."""
-        rows = _inside(self.original_h, self.resize_h, self.crop_top, self.crop_h)
-        cols = _inside(self.original_w, self.resize_w, self.crop_left, self.crop_w)
-        return _as_slice(rows), _as_slice(cols)
-
-
-def _grid_coords(n_orig: int, n_resized: int, offset: int, n_crop: int, n_grid: int) -> np.ndarray:
-    """Continuous grid coordinate (cell centres at 0, 1, …) of each original pixel centre."""
-    centres = (np.arange(n_orig, dtype=np.float64) + 0.5) * (n_resized / n_orig)  # resized px
-    return (centres - offset) * (n_grid / n_crop) - 0.5
-
-
-def _inside(n_orig: int, n_resized: int, offset: int, n_crop: int) -> np.ndarray:
-    centres = (np.arange(n_orig, dtype=np.float64) + 0.5) * (n_resized / n_orig)
-    return (centres >= offset) & (centres < offset + n_crop)
-
-
-def _as_slice(flags: np.ndarray) -> slice:
-    idx = np.flatnonzero(flags)
-    return slice(0, 0) if idx.size == 0 else slice(int(idx[0]), int(idx[-1]) + 1)
-
-
-def _nearest_taps(coords: np.ndarray, n_grid: int) -> np.ndarray:
-    """Index of the cell whose span contains each pixel centre (torch "nearest-exact")."""
-    return np.clip(np.floor(coords + 0.5), 0, n_grid - 1).astype(np.int64)
+# CropGeometry (re-exported above) is medclr.geometry's: the resize/centre-crop rule of training and
+# inference, and the one map from original pixels to crop pixels.
 
 
 def smooth_map(region_scores: np.ndarray, sigma: float = BIOVIL_SMOOTH_SIGMA) -> np.ndarray:
@@ -326,13 +248,14 @@ def upsample_map(
 ) -> np.ndarray:
     """Map an h×w region–sentence score grid back to the original image, NaN outside the crop.
 
-    Each original pixel centre is carried through the resize (scale ``resize/original`` per
-    axis) and the crop (minus the offset) into grid coordinates, where cell k is centred at k
-    (the ``align_corners=False`` convention). Pixels whose centre falls outside the crop window
-    are NaN; the others are sampled with bilinear interpolation (``mode="bilinear"``:
-    ``scipy.ndimage.affine_transform``, order 1, edge-clamped) or take the containing cell
-    (``mode="nearest"``). When the crop window lands on whole original pixels the result equals ``torch.nn.functional.interpolate``
-    (bilinear, align_corners=False) of the grid to the crop's size, padded with NaN.
+    The placement is :meth:`medclr.geometry.CropGeometry.to_original` (the geometry training and
+    inference use): each original pixel centre is carried through the resize (scale ``resize/original``
+    per axis) and the crop (minus the offset) into grid coordinates, where cell k is centred at k (the
+    ``align_corners=False`` convention). Pixels whose centre falls outside the crop window are NaN; the
+    others are sampled bilinearly, edge-clamped (``mode="bilinear"``) or take the containing cell
+    (``mode="nearest"``). When the crop window lands on whole original pixels the result equals
+    ``torch.nn.functional.interpolate`` (bilinear, align_corners=False) of the grid to the crop's size,
+    padded with NaN.
 
     ``smooth_sigma`` (grid cells) applies :func:`smooth_map` to the grid first; the default
     is BioViL's 1.5, the pinned protocol; pass 0 or None for pure geometry. ``original_hw``,
@@ -352,28 +275,4 @@ def upsample_map(
         raise ValueError(f"mode must be 'bilinear' or 'nearest', got {mode!r}")
     if smooth_sigma:
         g = smooth_map(g, smooth_sigma)
-    hg, wg = g.shape
-    rows_in = _inside(geo.original_h, geo.resize_h, geo.crop_top, geo.crop_h)
-    cols_in = _inside(geo.original_w, geo.resize_w, geo.crop_left, geo.crop_w)
-    out = np.full((geo.original_h, geo.original_w), np.nan, dtype=np.float32)
-    if not rows_in.any() or not cols_in.any():
-        return out
-    ry = _grid_coords(geo.original_h, geo.resize_h, geo.crop_top, geo.crop_h, hg)[rows_in]
-    cx = _grid_coords(geo.original_w, geo.resize_w, geo.crop_left, geo.crop_w, wg)[cols_in]
-    if mode == "nearest":
-        full = g[np.ix_(_nearest_taps(ry, hg), _nearest_taps(cx, wg))]
-    else:
-        # The pixel -> grid map is affine and axis-aligned, so one scipy call does the bilinear
-        # sampling; mode="nearest" replicates the edge, i.e. the clamp of align_corners=False.
-        step = (
-            (geo.resize_h / geo.original_h) * (hg / geo.crop_h),
-            (geo.resize_w / geo.original_w) * (wg / geo.crop_w),
-        )
-        full = ndimage.affine_transform(
-            g, np.asarray(step), offset=(ry[0], cx[0]), output_shape=(ry.size, cx.size),
-            order=1, mode="nearest", prefilter=False,
-        )
-    rs, cs = _as_slice(rows_in), _as_slice(cols_in)  # contiguous by construction
-    out[rs, cs] = full.astype(np.float32)
-    return out
-
+    return geo.to_original(g, mode)

@@ -116,13 +116,10 @@ def box_feature(regions: torch.Tensor, boxes_xywh: np.ndarray, geo: G.CropGeomet
     from torchvision.ops import roi_align
 
     d, gh, gw = regions.shape
-    b = np.asarray(boxes_xywh, dtype=np.float64).reshape(-1, 4)
-    sy, sx = geo.resize_h / geo.original_h, geo.resize_w / geo.original_w
-    x1 = np.clip(b[:, 0] * sx - geo.crop_left, 0, geo.crop_w)
-    x2 = np.clip((b[:, 0] + b[:, 2]) * sx - geo.crop_left, 0, geo.crop_w)
-    y1 = np.clip(b[:, 1] * sy - geo.crop_top, 0, geo.crop_h)
-    y2 = np.clip((b[:, 1] + b[:, 3]) * sy - geo.crop_top, 0, geo.crop_h)
-    outside = int(((x2 - x1) <= 0).sum() + ((y2 - y1) <= 0).sum() > 0) if b.size else 0
+    crop = geo.boxes_to_crop(boxes_xywh)  # medclr.geometry: the crop training and inference cut
+    x1, x2 = np.clip(crop[:, [0, 2]], 0, geo.crop_w).T
+    y1, y2 = np.clip(crop[:, [1, 3]], 0, geo.crop_h).T
+    outside = int(((x2 - x1) <= 0).sum() + ((y2 - y1) <= 0).sum() > 0) if crop.size else 0
     # a degenerate box keeps a minimal extent of 1 crop pixel inside the window
     x1, y1 = np.minimum(x1, geo.crop_w - 1), np.minimum(y1, geo.crop_h - 1)
     x2, y2 = np.maximum(x2, x1 + 1), np.maximum(y2, y1 + 1)

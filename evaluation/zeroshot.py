@@ -4,7 +4,10 @@ Protocol (``docs/evaluation.md``, section "Zero-shot"):
 
 * one positive and one negative prompt set per class (the paper's Table 2 by default);
   a set of several prompts is reduced BioViL-style: mean of the unnormalised text
-  embeddings, then L2-normalised (:func:`class_text_embedding`);
+  embeddings, then L2-normalised (:func:`class_text_embedding` = ``medclr.prompts.reduce_prompts``);
+* the runner's scores are the checkpoint's own head score with each reduced side
+  (``medclr.prompts.zero_shot_scores``, as training's validation AUC); for a cosine head that is
+  :func:`zero_shot_scores` here, the cosine of the global embeddings;
 * score = cos(image, positive) − cos(image, negative); AUC = ``roc_auc_score`` of that score;
   the prediction is positive iff cos(image, positive) > cos(image, negative) (a tie is
   negative); ACC = ``accuracy_score`` of that prediction;
@@ -29,7 +32,7 @@ from sklearn.metrics import accuracy_score, roc_auc_score
 
 from medclr.data.labels import CHEX5
 from medclr.errors import MedclrError
-from medclr.prompts import CHEX5_PROMPTS, PromptSet
+from medclr.prompts import CHEX5_PROMPTS, PromptSet, reduce_prompts
 
 __all__ = [
     "CHEX5",
@@ -121,12 +124,11 @@ def _l2n(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 def class_text_embedding(prompt_embeddings: np.ndarray) -> np.ndarray:
     """One embedding for a prompt set: mean of the UNNORMALISED prompt embeddings (k, D), then
-    L2-normalised (BioViL's ``get_similarity_score_from_raw_data`` convention)."""
-    e = np.asarray(prompt_embeddings, dtype=np.float64)
-    e = e[None, :] if e.ndim == 1 else e
-    if e.ndim != 2 or e.shape[0] == 0:
-        raise ValueError(f"prompt embeddings must be (k, D) with k >= 1, got shape {e.shape}")
-    return _l2n(e.mean(axis=0))
+    L2-normalised (BioViL's ``get_similarity_score_from_raw_data`` convention). This is
+    :func:`medclr.prompts.reduce_prompts`, the reduction `medclr eval` and validation use, in float64."""
+    import torch
+
+    return reduce_prompts(torch.from_numpy(np.asarray(prompt_embeddings, dtype=np.float64))).numpy()
 
 
 def zero_shot_scores(

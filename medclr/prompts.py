@@ -9,10 +9,15 @@ Shape (shared by ``medclr.inference`` and ``evaluation.zeroshot``)::
     {class: {"positive": [prompt, ...], "negative": [prompt, ...]}}
 
 A side with several prompts is reduced BioViL-style: the mean of the *unnormalised* projected
-text embeddings, then L2-normalised (:func:`medclr.inference.Inference.prompt_embeddings`).
+text embeddings, then L2-normalised (:func:`reduce_prompts`); a zero-shot score is the checkpoint's
+own image-sentence score with each reduced side (:func:`zero_shot_scores`). Those two functions are
+the only copy: `medclr eval`, the app and training's validation AUC all call them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from medclr.data.labels import CHEX5
 
@@ -73,4 +78,42 @@ def copy_prompts(prompts: PromptSet | None = None) -> PromptSet:
     return {c: {side: list(v) for side, v in sides.items()} for c, sides in src.items()}
 
 
-__all__ = ["BUILTIN_PROMPTS", "CHEX5", "CHEX5_PROMPTS", "CHEX5_REPORT_PROMPTS", "PromptSet", "copy_prompts"]
+# --------------------------------------------------------------------------- reduction and scores
+# The one prompt reduction and zero-shot score of the project: `medclr eval` and the app (through
+# medclr.inference.Inference), training's validation AUC (training.hooks) and evaluation.zeroshot's
+# class_text_embedding all use these. torch is imported inside, so the tables above stay light.
+
+
+def reduce_prompts(projections):
+    """One unit (D,) embedding for a side's prompts: the mean of their UNNORMALISED projected text
+    embeddings (k, D), then L2-normalised (BioViL's convention). A (D,) input is one prompt."""
+    import torch
+
+    p = torch.as_tensor(projections)
+    p = p[None] if p.ndim == 1 else p
+    if p.ndim != 2 or p.shape[0] == 0:
+        raise ValueError(f"prompt embeddings must be (k, D) with k >= 1, got shape {tuple(p.shape)}")
+    return torch.nn.functional.normalize(p.mean(0), dim=-1)
+
+
+def prompt_embeddings(encode: Callable[[list[str]], Any], prompts: PromptSet) -> dict[str, tuple[Any, Any]]:
+    """class -> (positive, negative) (D,) tensors reduced with :func:`reduce_prompts`. ``encode(prompts)``
+    returns their unnormalised projections (k, D), e.g. ``text_encoder.encode(prompts, normalize=False)``."""
+    return {cls: (reduce_prompts(encode(list(sides["positive"]))), reduce_prompts(encode(list(sides["negative"]))))
+            for cls, sides in prompts.items()}
+
+
+def zero_shot_scores(similarity: Callable[[Any, Any], Any], image, embeddings: Mapping[str, tuple[Any, Any]]):
+    """``(classes, s_pos, s_neg)``, each score N x C float32: ``similarity(image, text)`` (the checkpoint's
+    image-sentence score, ``DualEncoder.similarity``: its head, what the loss was trained on) of every
+    image with each class's reduced positive and negative prompts (:func:`prompt_embeddings`)."""
+    import torch
+
+    classes = list(embeddings)
+    text = torch.stack([e for c in classes for e in embeddings[c]])  # pos0, neg0, pos1, neg1, ...
+    sim = similarity(image, text).float().reshape(-1, len(classes), 2)
+    return classes, sim[..., 0], sim[..., 1]
+
+
+__all__ = ["BUILTIN_PROMPTS", "CHEX5", "CHEX5_PROMPTS", "CHEX5_REPORT_PROMPTS", "PromptSet", "copy_prompts",
+           "prompt_embeddings", "reduce_prompts", "zero_shot_scores"]

@@ -21,16 +21,19 @@ from medclr.prompts import CHEX5_PROMPTS
 from tests.conftest_app import app_assets, engine, rg1_path  # noqa: F401 - fixtures
 
 
-def test_crop_geometry_matches_hi_ml_example():
-    # DATASETS §1.7: 2544 x 3056 (W x H), R 512, C 480 -> side 2385, NaN margins 79/80 and 335/336
-    geo = CropGeometry(height=3056, width=2544, resize=512, crop=480)
-    assert geo.side == 2385
+def test_crop_geometry_of_the_datasets_example():
+    # DATASETS §1.7: 2544 x 3056 (W x H), R 512, C 480 -> a 2385-pixel square; training's crop starts at
+    # resized row 67 (615 // 2 - 240) = original row 332.94, so NaN margins 79/80 (columns) and 333/338 (rows)
+    # (hi-ml's floor-centred square would put the rows at 335/336: not the crop the model saw)
+    geo = CropGeometry.from_resize_crop((3056, 2544), 512, 480)
+    top, left, bottom, right = geo.box()
+    assert bottom - top == right - left == 2385
     m = geo.to_original(np.arange(225, dtype=np.float32).reshape(15, 15))
     assert m.shape == (3056, 2544)
     cols = np.flatnonzero(~np.isnan(m).all(axis=0))
     rows = np.flatnonzero(~np.isnan(m).all(axis=1))
     assert (cols[0], 2544 - 1 - cols[-1]) == (79, 80)
-    assert (rows[0], 3056 - 1 - rows[-1]) == (335, 336)
+    assert (rows[0], 3056 - 1 - rows[-1]) == (333, 338)
     assert np.nanmin(m) >= 0 and np.nanmax(m) <= 224
 
 
@@ -39,7 +42,7 @@ def test_preprocess_resizes_shorter_side_and_centre_crops():
     img[:, 100:] = 1.0  # right half bright
     t, geo = preprocess_image(img, Preprocess(64, 80))
     assert t.shape == (1, 64, 64) and t.dtype == torch.float32
-    assert geo == CropGeometry(300, 200, 80, 64)
+    assert geo == CropGeometry.from_resize_crop((300, 200), 80, 64) == CropGeometry(300, 200, 120, 80, 28, 8, 64, 64)
     assert t[0, :, :30].mean() < 0.05 and t[0, :, 34:].mean() > 0.95  # orientation kept
     with pytest.raises(MedclrError):
         Preprocess(64, 32)

@@ -169,22 +169,6 @@ def test_category_macro_average():
 # --------------------------------------------------------------------------- upsampling
 
 
-def test_geometry_matches_torchvision_resize_and_center_crop():
-    from torchvision.transforms import functional as TF
-
-    for hw, resize, crop in [((100, 80), 40, 32), ((3056, 2544), 512, 480), ((300, 333), 64, 56), ((30, 50), 20, 24)]:
-        geo = CropGeometry.from_resize_crop(hw, resize, crop)
-        resized = TF.resize(torch.zeros(1, *hw, dtype=torch.uint8), [resize], TF.InterpolationMode.NEAREST)
-        assert resized.shape[1:] == (geo.resize_h, geo.resize_w)
-        # index image in resized space -> where does the centre crop start?
-        idx = torch.arange(geo.resize_h * geo.resize_w, dtype=torch.float64).reshape(1, geo.resize_h, geo.resize_w) + 1
-        cropped = TF.center_crop(idx, [crop])
-        first = cropped[0][cropped[0] > 0][0].item() - 1  # first non-padding value
-        r, c = divmod(int(first), geo.resize_w)
-        pr, pc = np.argwhere(cropped[0].numpy() > 0)[0]
-        assert (r - pr, c - pc) == (geo.crop_top, geo.crop_left)
-
-
 def test_upsample_known_grid_matches_torch_and_nan_outside_crop():
     # original 100x80 -> shorter side 80 -> 40 (scale 1/2): resized 50x40; centre crop 32:
     # offsets (9, 4) in resized px = rows 18..81, cols 8..71 of the original.
@@ -214,7 +198,7 @@ def test_upsample_biovil_geometry_and_constant_grid():
     geo = CropGeometry.from_resize_crop((3056, 2544), 512, 480)
     rows, cols = geo.crop_slices()
     assert cols == slice(79, 2464)  # same as hi-ml: floor((2544-2385)/2) = 79
-    assert rows.stop - rows.start == 2385  # hi-ml puts it at 335; exact geometry gives 338
+    assert rows == slice(333, 2718)  # training's crop (resized row 67); hi-ml's square starts at 335
     out = upsample_map(np.full((15, 15), 0.25), geo)  # default: BioViL smoothing
     assert np.all(out[rows, cols] == np.float32(0.25))
     assert np.isnan(out).sum() == out.size - 2385 * 2385

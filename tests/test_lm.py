@@ -182,6 +182,15 @@ def test_load_errors(tiny, tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     with pytest.raises(MedclrError, match="config.json"):
         load_masked_lm(tmp_path / "empty")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(MedclrError, match="is a file"):
+        load_masked_lm(tmp_path / "weights.bin")
+    # one resolution for the PLL model and the text encoder (medclr.hub)
+    import medclr.hub
+    import medclr.lm.load
+    import medclr.models.text
+
+    assert medclr.lm.load.resolve_model_dir is medclr.models.text.resolve_model_dir is medclr.hub.resolve_model_dir
     from transformers import GPT2Config, GPT2LMHeadModel
 
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=40, bos_token_id=0,

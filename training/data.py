@@ -5,7 +5,9 @@
   or (``data.sentence_sampling: findings``) weighted towards the sentences that state a finding.
 * Images: the deterministic part (read with medclr.io.read_image, resize the shorter side) is
   cached by ``monai.data.CacheDataset``; the random part (crop, brightness, contrast, gamma)
-  runs after the cache. No flips: reports name the side ("right pleural effusion").
+  runs after the cache. No flips: reports name the side ("right pleural effusion"). The resize
+  and the deterministic (validation) centre crop are ``medclr.geometry``'s, the rule inference
+  and evaluation use.
 * Exact resume: all data randomness is a pure function of (seed, epoch, dataset index), so it
   does not depend on the number of loader workers, their seeds, or where a run was resumed.
   The sampler yields (epoch, index) keys and the dataset derives its RNGs from them.
@@ -26,6 +28,7 @@ import torch
 
 from medclr.data.hard_negatives import hard_negatives
 from medclr.errors import MedclrError
+from medclr.geometry import centre_crop, resize_shorter_side
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +149,24 @@ def cache_mode(value) -> str:
     return mode
 
 
+def load_resized(image, resize: int, cache_dtype: str = "float32") -> torch.Tensor:
+    """A radiograph (a path for medclr.io.read_image: [0, 1], air dark; or such an H x W array) with its
+    shorter side resized to ``resize`` (``medclr.geometry.resize_shorter_side``, the rule inference and
+    evaluation use), 1 x H' x W' in ``cache_dtype``."""
+    from medclr.io import read_image
+
+    img = np.asarray(image, dtype=np.float32) if isinstance(image, np.ndarray) else read_image(image)
+    x = resize_shorter_side(torch.from_numpy(np.ascontiguousarray(img))[None], resize).clamp_(0.0, 1.0)
+    if cache_dtype == "uint8":
+        return (x * 255.0).round_().to(torch.uint8)
+    return x.to(_DTYPES[cache_dtype])
+
+
 def _load_resize_transform(resize: int, cache_dtype: str):
-    from monai.transforms import MapTransform, Resize
+    from monai.transforms import MapTransform
 
     class LoadRadiographd(MapTransform):
-        """Read a radiograph (medclr.io.read_image: [0, 1], air dark) and resize its shorter side.
+        """Read a radiograph and resize its shorter side (:func:`load_resized`).
 
         A MONAI Transform (not a plain function) so that CacheDataset caches its output: the
         cache stops at the first item that is random *or not a Transform*.
@@ -160,21 +176,7 @@ def _load_resize_transform(resize: int, cache_dtype: str):
             super().__init__(keys=("image",))
 
         def __call__(self, item: dict) -> dict:
-            from medclr.io import read_image
-
-            img = read_image(item["image"])
-            h, w = img.shape
-            s = resize / min(h, w)
-            size = (max(resize, round(h * s)), max(resize, round(w * s)))
-            # area averaging when shrinking (no aliasing), bilinear when enlarging
-            mode = "area" if s < 1 else "bilinear"
-            x = Resize(spatial_size=size, mode=mode, dtype=torch.float32)(torch.from_numpy(img)[None])
-            x = torch.as_tensor(x).clamp_(0.0, 1.0)
-            if cache_dtype == "uint8":
-                x = (x * 255.0).round_().to(torch.uint8)
-            else:
-                x = x.to(_DTYPES[cache_dtype])
-            return {**item, "image": x}
+            return {**item, "image": load_resized(item["image"], resize, cache_dtype)}
 
     return LoadRadiographd()
 
@@ -237,7 +239,7 @@ class PairDataset(torch.utils.data.Dataset):
 
     def __init__(self, table: TrainTable, cfg: dict, cache_progress: bool = False) -> None:
         from monai.data import CacheDataset
-        from monai.transforms import CenterSpatialCrop, Compose
+        from monai.transforms import Compose
 
         self.table, self.seed = table, int(cfg["seed"])
         d = cfg["data"]
@@ -246,7 +248,6 @@ class PairDataset(torch.utils.data.Dataset):
         self.hard_kinds = tuple(hn["kinds"]) if float(hn["weight"]) > 0 else ()
         self.crop = int(d["crop"])
         self.random = _random_transform(self.crop, d.get("aug") or {})
-        self.center = CenterSpatialCrop(roi_size=(self.crop, self.crop))
         # resize/dtype ride along in each item so that the disk cache's key (a hash of the item)
         # changes when they do; PersistentDataset would otherwise serve stale sizes.
         items = [{"image": p, "resize": int(d["resize"]), "dtype": d["cache_dtype"]} for p in table.paths]
@@ -296,7 +297,7 @@ class PairDataset(torch.utils.data.Dataset):
             img = _plain(self.random(img)).clamp_(0.0, 1.0)
         else:
             i, j, hard = int(key), 0, []
-            img = _plain(self.center(_to_float(self.images[i]["image"])))
+            img = centre_crop(_plain(_to_float(self.images[i]["image"])), self.crop)
         return {"image": img.contiguous(), "sentence": self.table.sentences[i][j], "index": i, "eta": self._eta(i, j),
                 "hard": hard}
 

@@ -7,6 +7,8 @@ run after its last checkpoint) are dropped, so the file reads as one uninterrupt
 
 Validation calls the evaluation package when it is installed (CheX5 zero-shot AUC with the
 paper's prompts, image->report retrieval); without it only the positive-pair cosine is logged.
+The zero-shot scores are `medclr eval`'s (``medclr.prompts``: prompts reduced from unnormalised
+projections, scored by the model's own similarity head).
 It is RNG-neutral (fork_rng, eval mode), so validating never changes what training does next.
 """
 
@@ -134,24 +136,51 @@ class Validator:
         finally:
             model.train(was_training)
 
-    def _embed_images(self, model, ds) -> np.ndarray:
-        out = []
+    def _embed_images(self, model, ds, prompts=None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(N x D global embeddings, and with ``prompts`` (``medclr.prompts.prompt_embeddings``) the
+        N x C zero-shot scores s_pos, s_neg: ``medclr.prompts.zero_shot_scores``, as `medclr eval`)."""
+        from medclr.prompts import zero_shot_scores
+
+        out, pos, neg = [], [], []
         for i in range(0, len(ds), 64):
             x = torch.stack([ds[j]["image"] for j in range(i, min(len(ds), i + 64))]).to(self.device)
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                out.append(model.encode_image(x).global_emb.float().cpu())
-        return torch.cat(out).numpy()
+                feats = model.encode_image(x)
+            out.append(feats.global_emb.float().cpu())
+            if prompts is not None:  # the head in float32, as the inference engine scores
+                _classes, sp, sn = zero_shot_scores(model.similarity, feats, prompts)
+                pos.append(sp.cpu())
+                neg.append(sn.cpu())
+        cat = (lambda xs: torch.cat(xs).numpy() if xs else None)  # noqa: E731
+        return torch.cat(out).numpy(), cat(pos), cat(neg)
 
-    def _embed_texts(self, model, texts: list[str]) -> np.ndarray:
+    def _embed_texts(self, model, texts: list[str], normalize: bool = True) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            return model.text_encoder.encode(texts, batch_size=128).float().cpu().numpy()
+            return model.text_encoder.encode(texts, batch_size=128, normalize=normalize).float()
+
+    def _zero_shot_prompts(self, model, labels, prompts=None):
+        """CheX5 prompts (default: the paper's) reduced as `medclr eval` reduces them (``medclr.prompts``),
+        or None without labels or without the evaluation package (which computes the AUC)."""
+        if labels is None:
+            return None
+        try:
+            from evaluation.zeroshot import PAPER_PROMPTS
+        except ImportError:
+            return None
+        from medclr.data.labels import CHEX5
+        from medclr.prompts import prompt_embeddings
+
+        prompts = PAPER_PROMPTS if prompts is None else prompts
+        return prompt_embeddings(lambda texts: self._embed_texts(model, texts, normalize=False),
+                                 {c: prompts[c] for c in CHEX5})
 
     def _score(self, model, ds) -> dict:
         t0 = time.perf_counter()
-        img = self._embed_images(model, ds)
         table = ds.table
+        prompts = self._zero_shot_prompts(model, table.labels)
+        img, s_pos, s_neg = self._embed_images(model, ds, prompts)
         flat = [s for sents in table.sentences for s in sents]
-        emb = self._embed_texts(model, flat)
+        emb = self._embed_texts(model, flat).cpu().numpy()
         # Report embedding = normalised mean of its sentence embeddings.
         bounds = np.cumsum([0] + [len(s) for s in table.sentences])
         rep = np.stack([emb[a:b].mean(0) for a, b in zip(bounds[:-1], bounds[1:])])
@@ -167,19 +196,12 @@ class Validator:
             res.update({f"val/i2t_{k}": float(v) for k, v in r.items()})
         except ImportError:
             pass
-        if table.labels is not None:
-            try:
-                from evaluation.zeroshot import PAPER_PROMPTS, zero_shot_metrics, zero_shot_scores
-            except ImportError:
-                PAPER_PROMPTS = None
-            if PAPER_PROMPTS is not None:
-                from medclr.data.labels import CHEX5
+        if s_pos is not None:
+            from evaluation.zeroshot import zero_shot_metrics
+            from medclr.data.labels import CHEX5
 
-                prompts = {c: (self._embed_texts(model, PAPER_PROMPTS[c]["positive"]),
-                               self._embed_texts(model, PAPER_PROMPTS[c]["negative"])) for c in CHEX5}
-                pos, neg = zero_shot_scores(img, prompts, classes=CHEX5)
-                m = zero_shot_metrics(pos, neg, table.labels, classes=CHEX5, n_boot=0)
-                res["val/chex5_auc"] = m["macro"]["AUC"]
-                res.update({f"val/auc/{c}": m["per_class"][c]["AUC"] for c in CHEX5})
+            m = zero_shot_metrics(s_pos, s_neg, table.labels, classes=CHEX5, n_boot=0)
+            res["val/chex5_auc"] = m["macro"]["AUC"]
+            res.update({f"val/auc/{c}": m["per_class"][c]["AUC"] for c in CHEX5})
         res["val/seconds"] = round(time.perf_counter() - t0, 2)
         return res

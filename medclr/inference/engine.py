@@ -7,7 +7,8 @@ same preprocessing (:mod:`medclr.inference.preprocess`) and the same maths. Buil
 * Zero-shot: for each class, the image-sentence score s (the checkpoint's similarity head, the score
   the loss was trained on) with the positive and the negative prompt set; probability =
   softmax((s_neg, s_pos) / tau)[1]. Prompt sets with several prompts are reduced BioViL-style (mean of
-  unnormalised projections, then L2-normalised). Default prompts: ``medclr.prompts.CHEX5_PROMPTS``.
+  unnormalised projections, then L2-normalised). Reduction and scores are ``medclr.prompts``'s, which
+  training's validation AUC uses too. Default prompts: ``medclr.prompts.CHEX5_PROMPTS``.
 * Grounding: the head's region-sentence cosines (``DualEncoder.region_scores``), optionally smoothed
   on the grid (Gaussian, sigma in cells; BioViL uses 1.5), upsampled into the crop, NaN-padded to the
   original size.
@@ -33,7 +34,7 @@ from medclr.inference.stats import SentenceStats
 from medclr.io import MAX_PIXELS, read_image
 from medclr.models.dual import DualEncoder
 from medclr.models.image import ImageFeatures
-from medclr.prompts import CHEX5_PROMPTS, PromptSet
+from medclr.prompts import CHEX5_PROMPTS, PromptSet, prompt_embeddings, zero_shot_scores
 
 
 # Below this spread (max - min, in cosine units) of its smoothed region scores, a phrase map is
@@ -162,9 +163,7 @@ class Inference:
         for cls, sides in prompts.items():
             key = json.dumps([sides["positive"], sides["negative"]])
             if key not in self._prompt_cache:
-                pos, neg = (torch.nn.functional.normalize(self._text(sides[s], False).mean(0), dim=-1)
-                            for s in ("positive", "negative"))
-                self._prompt_cache[key] = (pos, neg)
+                self._prompt_cache[key] = prompt_embeddings(lambda texts: self._text(texts, False), {cls: sides})[cls]
             out[cls] = self._prompt_cache[key]
         return out
 
@@ -173,11 +172,7 @@ class Inference:
     def zero_shot_scores(self, features: ImageFeatures, prompts: PromptSet | None = None
                          ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         """(classes, prob N x C, s_pos N x C, s_neg N x C) for a batch of image features."""
-        emb = self.prompt_embeddings(prompts)
-        classes = list(emb)
-        text = torch.stack([e for c in classes for e in emb[c]]).to(self.device)  # pos0, neg0, pos1, ...
-        sim = self.model.similarity(features, text).float().reshape(-1, len(classes), 2)
-        s_pos, s_neg = sim[..., 0], sim[..., 1]
+        classes, s_pos, s_neg = zero_shot_scores(self.model.similarity, features, self.prompt_embeddings(prompts))
         prob = torch.sigmoid((s_pos - s_neg) / self.tau)  # = softmax((s_neg, s_pos) / tau)[1]
         return classes, prob.cpu().numpy(), s_pos.cpu().numpy(), s_neg.cpu().numpy()
 

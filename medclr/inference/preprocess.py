@@ -6,8 +6,9 @@ preprocess files in DataLoader workers (:func:`image_loader`) without needing a 
 * Image preprocessing matches training's deterministic view (and BioViL's, DATASETS §1.3):
   ``medclr.io.read_image`` (float32 H x W in [0, 1], air dark) -> shorter side resized to R (area
   averaging when shrinking) -> centre crop C -> ``1 x C x C``. C (``image_size``) and R (``resize``, default C) come from the checkpoint (see
-  :func:`medclr.inference.checkpoint.read_checkpoint_info`); default 224. The :class:`CropGeometry` returned with the tensor
-  undoes the crop for heatmaps (BioViL's ``convert_similarity_to_image_size``: NaN outside the crop).
+  :func:`medclr.inference.checkpoint.read_checkpoint_info`); default 224. Sizes, crop origin and the
+  :class:`~medclr.geometry.CropGeometry` returned with the tensor (which carries heatmaps back to the
+  original image, NaN outside the crop) all come from :mod:`medclr.geometry`, the rule training uses.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from medclr.errors import MedclrError
+from medclr.geometry import CropGeometry, centre_crop, resize_shorter_side
 from medclr.io import MAX_PIXELS, read_image
 
 DEFAULT_IMAGE_SIZE = 224
@@ -42,41 +44,6 @@ class Preprocess:
         return int(self.resize or self.image_size)
 
 
-@dataclass(frozen=True)
-class CropGeometry:
-    """Where the model's C x C crop lies in an original H x W image (hi-ml conventions)."""
-
-    height: int
-    width: int
-    resize: int
-    crop: int
-
-    @property
-    def side(self) -> int:
-        """Crop side in original pixels: floor(C * min(H, W) / R)."""
-        return int(self.crop * min(self.height, self.width) // self.resize)
-
-    def box(self) -> tuple[int, int, int, int]:
-        """(top, left, bottom, right) of the crop in original pixels (floor margins, as hi-ml)."""
-        side = self.side
-        top, left = (self.height - side) // 2, (self.width - side) // 2
-        return top, left, top + side, left + side
-
-    def resized(self, height: int, width: int) -> "CropGeometry":
-        """The same crop for a display copy of the image scaled to ``height x width``."""
-        return CropGeometry(int(height), int(width), self.resize, self.crop)
-
-    def to_original(self, grid_map: np.ndarray, interpolation: str = "bilinear") -> np.ndarray:
-        """h x w map over the crop -> H x W float32, upsampled into the crop, NaN outside it."""
-        top, left, bottom, right = self.box()
-        t = torch.as_tensor(np.asarray(grid_map, dtype=np.float32))[None, None]
-        kw = {"align_corners": False} if interpolation in ("bilinear", "bicubic") else {}
-        up = torch.nn.functional.interpolate(t, size=(bottom - top, right - left), mode=interpolation, **kw)[0, 0]
-        out = np.full((self.height, self.width), np.nan, dtype=np.float32)
-        out[top:bottom, left:right] = up.numpy()
-        return out
-
-
 # The smallest side an input may have: below it an "image" (1x1, 2x500, 16384x3) carries no anatomy,
 # and resizing it up would give the model a smear to score with confident-looking percentages.
 MIN_SIDE = 32
@@ -85,10 +52,10 @@ MIN_SIDE = 32
 def preprocess_image(image: np.ndarray, pre: Preprocess = Preprocess()) -> tuple[torch.Tensor, CropGeometry]:
     """H x W float image in [0, 1] -> (1 x C x C float32 tensor, its crop geometry).
 
-    The deterministic view of training (``training/data.py``): shorter side resized to R (longer side
-    round(long * R / short)), area averaging when shrinking and bilinear when enlarging, then MONAI's
-    ``CenterSpatialCrop(C)`` (start = size // 2 - C // 2). Training may cache the resized image as
-    uint8; that quantisation (< 1/255) is not repeated here."""
+    The deterministic view of training (``training/data.py``), both through :mod:`medclr.geometry`: shorter
+    side resized to R (longer side round(long * R / short)), area averaging when shrinking and bilinear
+    when enlarging, then the centre crop C (start = size // 2 - C // 2). Training may cache the resized
+    image as uint8; that quantisation (< 1/255) is not repeated here."""
     arr = np.asarray(image, dtype=np.float32)
     if arr.ndim != 2 or min(arr.shape) < 1:
         raise MedclrError(f"image: expected a 2-D grey array, got shape {arr.shape}")
@@ -98,18 +65,9 @@ def preprocess_image(image: np.ndarray, pre: Preprocess = Preprocess()) -> tuple
     if not np.isfinite(arr).all():
         raise MedclrError("image: it holds NaN or infinite pixel values (a float image without a valid range?); "
                           "nothing was scored")
-    h, w = arr.shape
     r, c = pre.resize_to, int(pre.image_size)
-    s = r / min(h, w)
-    size = (max(r, round(h * s)), max(r, round(w * s)))
-    t = torch.from_numpy(np.ascontiguousarray(arr))[None, None]
-    if s < 1:
-        t = torch.nn.functional.interpolate(t, size=size, mode="area")
-    else:
-        t = torch.nn.functional.interpolate(t, size=size, mode="bilinear", align_corners=False)
-    top, left = size[0] // 2 - c // 2, size[1] // 2 - c // 2
-    t = t[0, :, top:top + c, left:left + c].clamp_(0.0, 1.0).contiguous()
-    return t, CropGeometry(h, w, r, c)
+    t = centre_crop(resize_shorter_side(torch.from_numpy(np.ascontiguousarray(arr))[None], r), c)
+    return t.clamp_(0.0, 1.0).contiguous(), CropGeometry.from_resize_crop(arr.shape, r, c)
 
 
 class ImageFiles(torch.utils.data.Dataset):

@@ -48,26 +48,12 @@ QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 
 
 def attach_ground_truth(manifest: pd.DataFrame, path: str | os.PathLike) -> pd.DataFrame:
-    """Add latent_class / latent_class_prob from a ground-truth parquet, joined on dicom_id (else study_id)."""
-    path = Path(path)
-    if not path.is_file():
-        raise MedclrError(f"{path}: ground-truth table not found")
-    try:
-        gt = pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises several types for a bad file
-        raise MedclrError(f"{path}: not a parquet table ({str(exc).splitlines()[0]})") from None
-    missing = [c for c in GROUND_TRUTH if c not in gt]
-    if missing:
-        raise MedclrError(f"{path}: lacks columns {missing}")
-    key = next((k for k in ("dicom_id", "study_id") if k in gt and k in manifest and
-                manifest[k].astype(str).str.len().gt(0).all()), None)
-    if key is None:
-        raise MedclrError(f"{path}: no dicom_id or study_id to join on with the manifest")
-    gt = gt.assign(**{key: gt[key].astype(str)}).drop_duplicates(key).set_index(key)[list(GROUND_TRUTH)]
-    out = manifest.drop(columns=[c for c in GROUND_TRUTH if c in manifest]).join(gt, on=key)
-    if out["latent_class_prob"].isna().all():
-        raise MedclrError(f"{path}: no manifest row matched on {key}")
-    return out
+    """Add latent_class / latent_class_prob from a ground-truth parquet (or a phantom folder), joined on
+    dicom_id (else study_id); rows without ground truth get NaN, but some row must match.
+    :func:`medclr.phantom.groundtruth.attach_ground_truth` with calibration's parameters."""
+    from medclr.phantom.groundtruth import attach_ground_truth as attach
+
+    return attach(manifest, path, columns=GROUND_TRUTH, keys=("dicom_id", "study_id"), require="any")
 
 
 def misspecification(eta, rho) -> float:

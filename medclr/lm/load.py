@@ -1,7 +1,8 @@
 """Load a Hugging Face masked LM + tokenizer for PLL scoring, offline first.
 
 ``load_masked_lm(name_or_path)`` accepts a local directory (e.g. the output of
-``medclr lm fit``) or a hub id that is already in the local Hugging Face cache.
+``medclr lm fit``) or a hub id that is already in the local Hugging Face cache, resolved by
+:func:`medclr.hub.resolve_model_dir` (the text encoder's resolution).
 It never touches the network unless ``allow_network=True`` and never runs
 repository code unless the caller opts in with ``trust_remote_code``. Every failure is one
 :class:`~medclr.errors.MedclrError` line:
@@ -19,40 +20,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
-from pathlib import Path
 
 from medclr.errors import MedclrError
-from medclr.models.hub import quiet_transformers
+from medclr.hub import quiet_transformers, resolve_model_dir
 
 log = logging.getLogger(__name__)
 
 FIT_HINT = "a local model directory, e.g. the output of `medclr lm fit --manifest M --out DIR`"
-
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$")
-
-
-def _looks_like_path(name: str) -> bool:
-    """Anything that cannot be a hub id ("name" or "org/name") is treated as a path."""
-    return not _HUB_ID.match(name)
-
-
-def _resolve(name_or_path: str | os.PathLike) -> tuple[str, bool]:
-    """(what to pass to from_pretrained, is_local_dir)."""
-    name = str(name_or_path)
-    if not name.strip():
-        raise MedclrError(f"no model given; pass {FIT_HINT}")
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise MedclrError(f"{path}: no config.json in this directory; expected {FIT_HINT}")
-        return str(path), True
-    if path.exists():
-        raise MedclrError(f"{path}: is a file; expected {FIT_HINT}")
-    if _looks_like_path(name):
-        raise MedclrError(f"{path}: model directory not found; pass {FIT_HINT}")
-    return name, False
 
 
 def load_masked_lm(
@@ -65,25 +39,22 @@ def load_masked_lm(
     """Return ``(model, tokenizer)``: an ``AutoModelForMaskedLM`` in eval mode and its fast tokenizer.
 
     ``name_or_path``: a local directory or a hub id already in the cache
-    (``allow_network=True`` lets transformers download it). ``device``: where
+    (``allow_network=True`` lets :func:`medclr.hub.resolve_model_dir` download it). ``device``: where
     to put the model (``None``: CUDA when present, else CPU).
     """
     import torch
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
 
-    target, is_local = _resolve(name_or_path)
-    kwargs = {"local_files_only": not allow_network, "trust_remote_code": trust_remote_code}
+    # where the model lives: medclr.hub, the resolution the text encoder uses (a cached hub id, or one
+    # downloaded when allow_network, becomes its local snapshot directory)
+    target = str(resolve_model_dir(name_or_path, allow_network=allow_network, trust_remote_code=trust_remote_code,
+                                   what="masked LM"))
+    kwargs = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     with quiet_transformers():
         try:
             config = AutoConfig.from_pretrained(target, **kwargs)
         except OSError:
-            if is_local:
-                raise MedclrError(f"{target}: config.json could not be read; expected {FIT_HINT}") from None
-            where = "in the local Hugging Face cache" if not allow_network else "on the hub or in the cache"
-            extra = "" if allow_network else " (or add --allow-network to download it)"
-            raise MedclrError(
-                f"{target}: not a local directory and not found {where}; pass {FIT_HINT}{extra}"
-            ) from None
+            raise MedclrError(f"{target}: config.json could not be read; expected {FIT_HINT}") from None
         except ValueError as exc:
             if "trust_remote_code" in str(exc):
                 raise MedclrError(

@@ -18,9 +18,10 @@ import torch
 from torch import nn
 
 from medclr.errors import MedclrError
+from medclr.hub import one_line
+from medclr.models.hub import load_tokenizer
 from medclr.models.image import ImageEncoder, ImageFeatures
 from medclr.models.similarity import build_head
-from medclr.models.hub import load_tokenizer, one_line
 from medclr.models.text import TextEncoder, TextFeatures
 
 CONFIG_NAME = "config.json"

@@ -24,14 +24,8 @@ import torch
 from torch import nn
 
 from medclr.errors import MedclrError
-from medclr.models.hub import (
-    drop_pooler,
-    load_tokenizer,
-    one_line,
-    quiet_transformers,
-    read_prefixed_tensors,
-    resolve_model_dir,
-)
+from medclr.hub import one_line, quiet_transformers, resolve_model_dir
+from medclr.models.hub import drop_pooler, load_tokenizer, read_prefixed_tensors
 
 log = logging.getLogger(__name__)
 
