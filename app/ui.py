@@ -11,7 +11,8 @@ Endpoints (``gradio_client``: ``client.predict(..., api_name="/zero_shot")``):
 
 Privacy: Gradio writes into the app's private temporary folder (``app.tempdir``); each upload is deleted
 once read, results are written under fresh names there, uploads are never served back, the folder goes
-when the process ends. Gradio's run history is off.
+when the process ends. The upload control is a button that never shows the uploaded file's name (it may
+hold a patient's name; Gradio's ``gr.File`` box always shows it). Gradio's run history is off.
 
 Every handler turns a ``MedclrError`` into a ``gr.Error`` with its one clear message; anything else
 becomes a short "internal error" message (the server log keeps the traceback, without file names).
@@ -123,8 +124,11 @@ def build_blocks(service: AppService) -> gr.Blocks:
         gr.Markdown(INTRO)
         with gr.Row(equal_height=False):
             with gr.Column(scale=4):
-                upload = gr.File(label="Radiograph (DICOM .dcm, PNG or JPEG)", type="filepath", elem_id="upload",
-                                 height=110)
+                with gr.Row(elem_id="upload_row"):
+                    # a button, not gr.File: the File box shows the uploaded file's name, which may be a patient's
+                    upload = gr.UploadButton("Upload a radiograph (DICOM, PNG or JPEG)", type="filepath",
+                                             elem_id="upload", scale=3)
+                    clear = gr.Button("Clear", elem_id="clear", scale=1)
                 shown = gr.Image(label="As the model reads it", type="numpy", interactive=False, elem_id="preview",
                                  height=340, buttons=[])
                 facts = gr.Markdown(elem_id="facts")
@@ -166,9 +170,13 @@ def build_blocks(service: AppService) -> gr.Blocks:
             inspected = gr.JSON(label="Sentence statistics")
 
         model_events = {"concurrency_id": "model", "concurrency_limit": 1}
+        # a new upload first blanks everything shown for the previous one (another patient's, perhaps)
+        upload.upload(lambda: (None, "", None, None, None, ""), None, [shown, facts, label, table, heat, legend],
+                      api_name="_reset", api_visibility="private", queue=False)
         upload.upload(preview, upload, [shown, facts], api_name="preview", **model_events)
-        upload.clear(lambda: (None, "", None, None, None, ""), None, [shown, facts, label, table, heat, legend],
-                     api_name="_clear", api_visibility="private", queue=False)
+        clear.click(lambda: (None, None, "", None, None, None, ""), None,
+                    [upload, shown, facts, label, table, heat, legend], api_name="_clear", api_visibility="private",
+                    queue=False)
         analyse.click(zero_shot, upload, [label, table], api_name="zero_shot", **model_events).then(
             ground, [upload, phrase, scale], [heat, legend], api_name="_analyse_ground", api_visibility="private",
             **model_events)
