@@ -45,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue-size", type=int, default=32, help="requests waiting before new ones are refused")
     parser.add_argument("--smoothing", type=float, default=1.5, help="heatmap Gaussian sigma in grid cells "
                         "(BioViL: 1.5; 0 = raw)")
+    parser.add_argument("--keep-minutes", type=float, default=30.0, help="result images (preview, heatmap, "
+                        "thumbnails) and uploads no request has read are deleted after this many minutes "
+                        "(default 30); everything goes when the app stops")
     parser.set_defaults(run=run)
 
 
@@ -79,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise MedclrError(f"--port {args.port}: expected 0..65535")
     if args.max_upload_mb <= 0:
         raise MedclrError("--max-upload-mb: expected > 0")
+    if args.keep_minutes <= 0:
+        raise MedclrError("--keep-minutes: expected > 0")
     if not Path(args.checkpoint).is_dir():
         raise MedclrError(f"--checkpoint {args.checkpoint!r}: no such directory (expected a `medclr train` output)")
     if args.index and not Path(args.index).is_dir():
@@ -88,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         log.warning("app: binding %s without --auth: anyone who can reach this machine can use the app", args.host)
     if not re.fullmatch(r"[\w.:\-\[\]]+", args.host):
         raise MedclrError(f"--host {args.host!r}: expected an IP address or host name")
+    from app import tempdir
+
+    # SIGTERM/SIGHUP end the process through `finally` and atexit (their default action skips both), so
+    # the private temp folder (uploads, results) is removed however the app is stopped, short of SIGKILL
+    tempdir.exit_on_signals()
     import torch
 
     if args.threads > 0:
@@ -104,8 +114,12 @@ def run(args: argparse.Namespace) -> int:
     service = AppService(engine, index, max_pixels=args.max_pixels,
                          max_upload_bytes=int(args.max_upload_mb * 2**20), smoothing=args.smoothing)
     demo = build_blocks(service)
-    print(f"medclr app: serving {args.checkpoint} on http://{args.host}:{args.port or '<free port>'} (Ctrl+C stops)",
-          flush=True)
-    launch(demo, host=args.host, port=args.port or None, auth=auth, max_file_size=_mb(args.max_upload_mb),
-           queue_size=args.queue_size, block=True)
+    print(f"medclr app: serving {args.checkpoint} on http://{args.host}:{args.port or '<free port>'} (Ctrl+C stops); "
+          f"temporary files in {tempdir.private_temp_dir()} (removed on exit)", flush=True)
+    try:
+        launch(demo, host=args.host, port=args.port or None, auth=auth, max_file_size=_mb(args.max_upload_mb),
+               queue_size=args.queue_size, block=True, keep_minutes=args.keep_minutes)
+    finally:
+        demo.close(verbose=False)  # no request can write into the folder once it is gone
+        tempdir.remove_private_temp_dir()
     return 0

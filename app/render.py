@@ -8,6 +8,11 @@ own range (contours at 25 / 50 / 75 % of it), useful for weakly trained models w
 
 from __future__ import annotations
 
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
 import numpy as np
 from PIL import Image, ImageDraw
 
@@ -82,6 +87,26 @@ def overlay(image: np.ndarray, heat: np.ndarray, scale: str = "absolute", alpha:
     for k, c in _contours(heat, levels, fill=lo - 1.0):
         draw.line([(float(x), float(y)) for y, x in c], fill=CONTOUR_COLOURS[k % len(CONTOUR_COLOURS)], width=width)
     return np.asarray(out), {"lo": lo, "hi": hi, "levels": list(levels), "min": vmin, "max": vmax}
+
+
+def save_png(image: np.ndarray, folder: str | Path, stem: str) -> str:
+    """Write an H x W (grey) or H x W x 3 uint8 image to a new file ``folder/<stem>-<96 random bits>.png``
+    and return its path.
+
+    The file is written under a hidden temporary name and renamed into place complete, and every call
+    makes a new name: a file once handed out is never written again, so a client still downloading an
+    earlier result (the same picture, for an identical request) never sees it truncated or half written.
+    ``folder`` must exist (it is not re-created after the app has removed it on exit)."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".part-", suffix=".png")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            Image.fromarray(np.ascontiguousarray(image)).save(fh, format="PNG")
+        final = Path(folder) / f"{stem}-{secrets.token_hex(12)}.png"
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return str(final)
 
 
 def placeholder(side: int = 256, text: str = "image unavailable") -> np.ndarray:

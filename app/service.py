@@ -5,6 +5,11 @@ Uploads are read with ``medclr.io`` (DICOM through the standard display pipeline
 inverted; PNG/JPEG), under a pixel limit. Only ``read_header``'s safe fields (view, size, photometric)
 are shown or logged: never names, ids or dates from the DICOM header, and never the uploaded file's
 name (it may hold a patient's name): messages say "the uploaded file" instead.
+
+An upload in the app's private temporary folder (``app.tempdir``; the web app sets ``discard_uploads``) is
+deleted as soon as it has been read, whether it could be read or not: what is kept is the decoded,
+encoded image in memory (the ``cache_size`` most recent uploads), found again by the upload's path
+when the page asks for the heatmap or similar studies of the same upload.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from app import render
+from app import render, tempdir
 from medclr.errors import MedclrError
 from medclr.inference.engine import MIN_MAP_RANGE, has_localised_signal, map_range
 from medclr.io import MAX_PIXELS, read_header, read_image
@@ -103,7 +108,12 @@ class AppService:
         self.display_side, self.smoothing = display_side, smoothing
         self._uploads: LRU = LRU(cache_size)
         self._thumbs: LRU = LRU(256)
+        # upload path -> ("key", content key) or ("error", message), for uploads already read and deleted
+        self._read: LRU = LRU(1024)
         self._lock = threading.Lock()
+        self._reading = threading.Lock()
+        # the web app sets this: uploads in its private temp folder (app.tempdir) are deleted once read
+        self.discard_uploads = False
 
     # -- uploads --------------------------------------------------------------------------------------
     @staticmethod
@@ -111,10 +121,42 @@ class AppService:
         return msg.replace(str(path), "the uploaded file")
 
     def upload(self, path: str | None) -> Upload:
-        """Read, check, preprocess and encode an uploaded file once (cached by content)."""
+        """Read, check, preprocess and encode an uploaded file once (cached by content); with
+        ``discard_uploads``, an upload in the app's private temp folder is deleted once read."""
         if path is None or not str(path).strip():
             raise MedclrError(f"no image uploaded: please upload {ACCEPTED}")
         p = Path(str(path))
+        consume = self.discard_uploads and tempdir.is_upload(p)
+        with self._reading:  # one read per upload: a second request for it waits, then finds it in memory
+            try:
+                if consume and not p.is_file():
+                    return self._already_read(str(p))
+                try:
+                    up = self._read_upload(p)
+                except MedclrError as exc:
+                    if consume:
+                        with self._lock:
+                            self._read.put(str(p), ("error", str(exc)))
+                    raise
+                if consume:
+                    with self._lock:
+                        self._read.put(str(p), ("key", up.key))
+                return up
+            finally:
+                if consume:
+                    tempdir.discard_upload(p)
+
+    def _already_read(self, path: str) -> Upload:
+        with self._lock:
+            seen = self._read.fetch(path)
+            hit = self._uploads.fetch(seen[1]) if seen and seen[0] == "key" else None
+        if seen and seen[0] == "error":
+            raise MedclrError(seen[1])
+        if hit is None:
+            raise MedclrError(f"the uploaded file is no longer available; please upload it again ({ACCEPTED})")
+        return hit
+
+    def _read_upload(self, p: Path) -> Upload:
         if not p.is_file():
             raise MedclrError(f"the uploaded file is no longer available; please upload it again ({ACCEPTED})")
         size = p.stat().st_size

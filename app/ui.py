@@ -9,6 +9,11 @@ Endpoints (``gradio_client``: ``client.predict(..., api_name="/zero_shot")``):
 * ``retrieve_by_text`` (text, k=8) -> gallery of images
 * ``inspect_sentence`` (sentence) -> {eta_LM, zeta per report, nearest sentences}
 
+Privacy: Gradio writes into the app's private temporary folder (``app.tempdir``); each upload is deleted
+once read, results are written under fresh names there, uploads are never served back, the folder goes
+when the process ends. The upload control is a button that never shows the uploaded file's name (it may
+hold a patient's name; Gradio's ``gr.File`` box always shows it). Gradio's run history is off.
+
 Every handler turns a ``MedclrError`` into a ``gr.Error`` with its one clear message; anything else
 becomes a short "internal error" message (the server log keeps the traceback, without file names).
 All model events share one queue slot (``concurrency_id="model"``): on a CPU one forward at a time
@@ -22,10 +27,14 @@ import logging
 import os
 import traceback
 
+from app import render, tempdir
+
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported: no telemetry, no version check
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+tempdir.private_temp_dir()  # sets GRADIO_TEMP_DIR before gradio is imported
 
 import gradio as gr  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
 
 from app.service import AppService  # noqa: E402
 from medclr.errors import MedclrError  # noqa: E402
@@ -69,12 +78,19 @@ def _safe(name: str):
     return deco
 
 
+def _png(image, stem: str) -> str:
+    return render.save_png(image, tempdir.results_dir(), stem)
+
+
 def build_blocks(service: AppService) -> gr.Blocks:
     has_index = service.index is not None
+    tempdir.private_temp_dir()  # (again: GRADIO_TEMP_DIR must name it when the Blocks are built)
+    service.discard_uploads = True
 
     @_safe("preview")
     def preview(file):
-        return service.preview(file)
+        image, facts = service.preview(file)
+        return _png(image, "preview"), facts
 
     @_safe("zero_shot")
     def zero_shot(file):
@@ -82,15 +98,19 @@ def build_blocks(service: AppService) -> gr.Blocks:
 
     @_safe("ground")
     def ground(file, phrase, scale="absolute"):
-        return service.ground(file, phrase, scale)
+        image, legend = service.ground(file, phrase, scale)
+        return _png(image, "heatmap"), legend
+
+    def gallery(items):
+        return [(_png(image, "study"), caption) for image, caption in items]
 
     @_safe("retrieve_by_image")
     def retrieve_by_image(file, k=8):
-        return service.retrieve_by_image(file, k)
+        return gallery(service.retrieve_by_image(file, k))
 
     @_safe("retrieve_by_text")
     def retrieve_by_text(text, k=8):
-        return service.retrieve_by_text(text, k)
+        return gallery(service.retrieve_by_text(text, k))
 
     @_safe("inspect_sentence")
     def inspect_sentence(sentence):
@@ -104,8 +124,11 @@ def build_blocks(service: AppService) -> gr.Blocks:
         gr.Markdown(INTRO)
         with gr.Row(equal_height=False):
             with gr.Column(scale=4):
-                upload = gr.File(label="Radiograph (DICOM .dcm, PNG or JPEG)", type="filepath", elem_id="upload",
-                                 height=110)
+                with gr.Row(elem_id="upload_row"):
+                    # a button, not gr.File: the File box shows the uploaded file's name, which may be a patient's
+                    upload = gr.UploadButton("Upload a radiograph (DICOM, PNG or JPEG)", type="filepath",
+                                             elem_id="upload", scale=3)
+                    clear = gr.Button("Clear", elem_id="clear", scale=1)
                 shown = gr.Image(label="As the model reads it", type="numpy", interactive=False, elem_id="preview",
                                  height=340, buttons=[])
                 facts = gr.Markdown(elem_id="facts")
@@ -147,9 +170,13 @@ def build_blocks(service: AppService) -> gr.Blocks:
             inspected = gr.JSON(label="Sentence statistics")
 
         model_events = {"concurrency_id": "model", "concurrency_limit": 1}
+        # a new upload first blanks everything shown for the previous one (another patient's, perhaps)
+        upload.upload(lambda: (None, "", None, None, None, ""), None, [shown, facts, label, table, heat, legend],
+                      api_name="_reset", api_visibility="private", queue=False)
         upload.upload(preview, upload, [shown, facts], api_name="preview", **model_events)
-        upload.clear(lambda: (None, "", None, None, None, ""), None, [shown, facts, label, table, heat, legend],
-                     api_name="_clear", api_visibility="private", queue=False)
+        clear.click(lambda: (None, None, "", None, None, None, ""), None,
+                    [upload, shown, facts, label, table, heat, legend], api_name="_clear", api_visibility="private",
+                    queue=False)
         analyse.click(zero_shot, upload, [label, table], api_name="zero_shot", **model_events).then(
             ground, [upload, phrase, scale], [heat, legend], api_name="_analyse_ground", api_visibility="private",
             **model_events)
@@ -187,11 +214,17 @@ def _study_sentences(service: AppService, gallery, index, value) -> dict:
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = 7860, auth=None,
-           max_file_size: str | int = "64mb", queue_size: int = 32, block: bool = True):
-    """Queue for a CPU server, then serve (share=False always). Returns (app, local_url)."""
+           max_file_size: str | int = "64mb", queue_size: int = 32, block: bool = True, keep_minutes: float = 30.0):
+    """Queue for a CPU server, then serve (share=False always). Returns (app, local_url).
+
+    Files in the private temp folder older than ``keep_minutes`` are removed once a minute; the
+    run history (which keeps inputs and outputs in the browser, or in a Hugging Face bucket a user
+    connects) is off."""
+    tempdir.start_sweeper(keep_minutes * 60.0)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     app, url, _ = demo.launch(server_name=host, server_port=port, share=False, auth=auth,
                               max_file_size=max_file_size, prevent_thread_lock=not block, quiet=True,
                               show_error=False, css=CSS, footer_links=[], ssr_mode=False, mcp_server=False,
-                              inbrowser=False)
+                              inbrowser=False, run_history=False,
+                              app_kwargs={"middleware": [Middleware(tempdir.RefuseUploadDownloads)]})
     return app, url

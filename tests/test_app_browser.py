@@ -1,5 +1,6 @@
 """The real page in a real browser: headless Debian Chromium driven through chromedriver's W3C WebDriver
 HTTP API (no Selenium needed, nothing downloaded). Uploads the RG1 DICOM through the page's file input,
+under a file name that holds a (fake) patient's name, checks that the name appears nowhere in the page,
 presses Analyse, and waits for the findings and the heatmap. The screenshot goes to tmp_path, and to
 docs/img/app.png when MEDCLR_UPDATE_SCREENSHOT=1.
 
@@ -145,15 +146,19 @@ def served(engine, index_dir):  # noqa: F811
 
 
 def test_upload_in_the_real_page_shows_findings_and_heatmap(browser, served, tmp_path):
+    named = tmp_path / "Doe_Jane_MRN-778899_chest.dcm"  # archive exports name files after the patient
+    shutil.copyfile(rg1_path(), named)
     browser.get(served)
-    browser.find("#upload input[type=file]")
-    file_input = browser.find("#upload input[type=file]")
-    browser.cmd("POST", f"/element/{file_input}/value", {"text": rg1_path()})
+    file_input = browser.find("#upload_row input[type=file]")
+    browser.cmd("POST", f"/element/{file_input}/value", {"text": str(named)})
     # the preview appears once the upload is read (DICOM rendered, MONOCHROME1 inverted)
     browser.wait_for("const i = document.querySelector('#preview img'); return i && i.naturalWidth > 0;",
                      what="the preview image")
     facts = browser.js("return document.querySelector('#facts').innerText;")
     assert "1841 x 1955" in facts and "MONOCHROME1" in facts
+    # the upload control is a button: the file's name is neither shown nor anywhere in the page's markup
+    page = browser.js("return document.body.innerText + document.documentElement.outerHTML;")
+    assert "Doe_Jane" not in page and "778899" not in page
     # the relative colour scale makes a weak model's heatmap visible in the screenshot
     assert browser.js("for (const l of document.querySelectorAll('label')) {"
                       " if (l.textContent.trim() === 'relative') { l.click(); return true; } } return false;")
