@@ -228,7 +228,8 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
             size, mtime_ns = prints[todo[i]]
             row: dict[str, Any] = {"path": todo[i], "ok": bool(ok[j]), "error": error, "size": size,
                                    "mtime_ns": mtime_ns, "run": this_run,
-                                   "height": int(batch["height"][j]), "width": int(batch["width"][j])}
+                                   "height": int(batch["height"][j]), "width": int(batch["width"][j]),
+                                   "caution": batch["caution"][j]}
             if ok[j]:
                 row["probs"] = probs[k]
                 row["embedding"] = emb[k] if emb is not None else None
@@ -258,6 +259,7 @@ def _table(rows: list[dict[str, Any]], classes: list[str], embeddings: bool) -> 
         "run": pa.array([r["run"] for r in rows], pa.int32()),
         "height": pa.array([r["height"] for r in rows], pa.int32()),
         "width": pa.array([r["width"] for r in rows], pa.int32()),
+        "caution": pa.array([r["caution"] for r in rows], pa.string()),
     }
     for c, name in enumerate(classes):
         cols[name] = pa.array([float(r["probs"][c]) if r["ok"] else None for r in rows], pa.float32())

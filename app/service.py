@@ -208,6 +208,8 @@ class AppService:
                 facts.append(f"{label} {_code_string(hd[key])}")
         if hd.get("pixel_spacing_mm"):
             facts.append("spacing {:.3f} x {:.3f} mm".format(*hd["pixel_spacing_mm"]))
+        if hd.get("caution"):
+            facts.append(f"⚠ {hd['caution']}")
         return render.to_uint8(up.display), " · ".join(facts)
 
     # -- findings -------------------------------------------------------------------------------------

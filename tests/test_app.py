@@ -97,6 +97,18 @@ def test_header_values_never_become_markup(client, tmp_path):
     assert "1841 x 1955" in facts and "MONOCHROME1" in facts
     for bad in ("<", ">", "[", "](", "http", "img"):
         assert bad not in facts, facts
+    assert "⚠ modality a non-standard value" in facts  # flagged, without echoing it
+
+
+def test_secondary_capture_is_read_and_flagged(client, tmp_path):
+    import pydicom
+    from gradio_client import handle_file
+
+    ds = pydicom.dcmread(rg1_path())
+    ds.Modality = "OT"
+    ds.save_as(tmp_path / "ot.dcm")
+    _, facts = client.predict(handle_file(tmp_path / "ot.dcm"), api_name="/preview")
+    assert "modality OT" in facts and "⚠ modality OT is not a radiograph modality" in facts
 
 
 def test_binds_localhost_and_telemetry_is_off(server):

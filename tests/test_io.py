@@ -172,3 +172,23 @@ def test_non_radiograph_modalities_are_refused(tmp_path):
     with pytest.raises(ImageReadError, match="modality US .ultrasound. is not a chest radiograph"):
         read_image(make_dicom(tmp_path / "us.dcm", pixels, Modality="US"))
     assert read_image(make_dicom(tmp_path / "ot.dcm", pixels, Modality="OT")).shape == (64, 64)  # secondary capture
+
+
+def test_header_cautions_when_it_may_not_be_a_chest_radiograph(tmp_path):
+    """OT (secondary capture) and other body parts are read, but the header says so in one plain line."""
+    from medclr.io import read_header
+    from medclr.io.dicom import caution
+
+    pixels = np.full((64, 64), 100, np.uint16)
+    assert read_header(make_dicom(tmp_path / "cr.dcm", pixels))["caution"] == ""
+    assert read_header(make_dicom(tmp_path / "chest.dcm", pixels, BodyPartExamined="CHEST"))["caution"] == ""
+    ot = read_header(make_dicom(tmp_path / "ot.dcm", pixels, Modality="OT"))["caution"]
+    assert ot.startswith("modality OT is not a radiograph modality") and "chest X-ray" in ot
+    hand = read_header(make_dicom(tmp_path / "hand.dcm", pixels, BodyPartExamined="HAND"))["caution"]
+    assert hand.startswith("body part HAND") and "modality" not in hand
+    assert caution("", "") .startswith("no modality")
+    crafted = caution('CR <img src="http://h/x.png">', "[x](http://h/)")  # quoted only as plain code strings
+    assert crafted.startswith("modality a non-standard value") and "body part a non-standard value" in crafted
+    assert not any(c in crafted for c in "<>[]()") and "http" not in crafted
+    Image.fromarray(np.zeros((40, 40), np.uint8)).save(tmp_path / "x.png")
+    assert read_header(tmp_path / "x.png")["caution"] == ""  # a raster has no header to go by

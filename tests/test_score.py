@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest_app import app_assets, engine, rg1_path  # noqa: F401 - fixtures
+from tests.dicom_factory import make_dicom
 
 N_PNG = 24
 
@@ -110,8 +111,9 @@ def test_score_in_process_with_shards(engine, tmp_path, monkeypatch):  # noqa: F
 
     root = tmp_path / "small"
     root.mkdir()
-    for i in range(9):
+    for i in range(8):
         Image.fromarray(np.full((40, 48), 20 * i, np.uint8)).save(root / f"{i}.png")
+    make_dicom(root / "8.dcm", np.full((40, 48), 300, np.uint16), Modality="OT")  # read, and flagged
     (root / "bad.jpg").write_bytes(b"\xff\xd8 not really")
     out = tmp_path / "r.parquet"
     opts = scoring.ScoreOptions(batch_size=4, workers=0, part_files=2, progress=False)
@@ -125,6 +127,8 @@ def test_score_in_process_with_shards(engine, tmp_path, monkeypatch):  # noqa: F
     assert {p.name.split("-")[1] for p in scoring.parts_dir(out).glob("part-*")} == {"r000", "r001"}
     res, err = pd.read_parquet(out), pd.read_parquet(scoring.errors_path(out))
     assert len(res) == 9 and list(err["path"]) == ["bad.jpg"] and res["path"].is_unique
+    flagged = res.set_index("path")["caution"]
+    assert flagged["8.dcm"].startswith("modality OT") and (flagged.drop("8.dcm") == "").all()
 
 
 def test_resuming_onto_another_archive_is_refused(engine, tmp_path, monkeypatch):  # noqa: F811

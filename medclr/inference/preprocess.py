@@ -23,7 +23,7 @@ import torch
 
 from medclr.errors import MedclrError
 from medclr.geometry import CropGeometry, centre_crop, resize_shorter_side
-from medclr.io import MAX_PIXELS, read_image
+from medclr.io import MAX_PIXELS, read_header, read_image
 
 DEFAULT_IMAGE_SIZE = 224
 
@@ -85,10 +85,14 @@ class ImageFiles(torch.utils.data.Dataset):
         try:
             arr = read_image(self.paths[i], max_pixels=self.max_pixels)
             tensor, geo = preprocess_image(arr, self.pre)
-            return {"i": i, "tensor": tensor, "ok": True, "error": "", "height": geo.height, "width": geo.width}
+            # a DICOM header that says "maybe not a chest radiograph" (OT, another body part) travels with the scores
+            caution = read_header(self.paths[i])["caution"]
+            return {"i": i, "tensor": tensor, "ok": True, "error": "", "height": geo.height, "width": geo.width,
+                    "caution": caution}
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded error row
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return {"i": i, "tensor": torch.zeros(1, c, c), "ok": False, "error": msg, "height": 0, "width": 0}
+            return {"i": i, "tensor": torch.zeros(1, c, c), "ok": False, "error": msg, "height": 0, "width": 0,
+                    "caution": ""}
 
 
 def collate_images(batch: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,6 +103,7 @@ def collate_images(batch: list[dict[str, Any]]) -> dict[str, Any]:
         "error": [b["error"] for b in batch],
         "height": [b["height"] for b in batch],
         "width": [b["width"] for b in batch],
+        "caution": [b["caution"] for b in batch],
     }
 
 

@@ -49,4 +49,4 @@ def read_header(path: str | Path) -> dict:
     height, width = read_raster_size(path)
     return {"format": path.suffix.lower().lstrip(".") or "raster", "modality": "", "view": "", "rows": height,
             "columns": width, "pixel_spacing_mm": None, "photometric": "", "bits_stored": 0, "frames": 1,
-            "transfer_syntax": "", "body_part": ""}
+            "transfer_syntax": "", "body_part": "", "caution": ""}

@@ -10,6 +10,8 @@ Lossless and JPEG-LS, imagecodecs (``medclr.io.jpeg12``, when installed) for 12-
 
 from __future__ import annotations
 
+import re
+
 import warnings
 from pathlib import Path
 
@@ -84,7 +86,7 @@ def read_dicom_header(path: str | Path) -> dict:
     """View, size, pixel spacing and photometric facts; never names, ids or dates of the patient."""
     path = Path(path)
     ds = _open(path, stop_before_pixels=True)
-    return {
+    header = {
         "format": "dicom",
         "modality": str(ds.get("Modality", "") or ""),
         "view": _view(ds),
@@ -97,6 +99,34 @@ def read_dicom_header(path: str | Path) -> dict:
         "transfer_syntax": str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "")),
         "body_part": str(ds.get("BodyPartExamined", "") or ""),
     }
+    header["caution"] = caution(header["modality"], header["body_part"])
+    return header
+
+
+# Projection radiograph modalities (computed, digital, digital radiography, radiographic imaging,
+# panoramic) and the body parts a chest model reads; anything else is read but flagged.
+RADIOGRAPHS = {"CR", "DX", "DR", "RG", "PX"}
+CHEST_PARTS = {"CHEST", "THORAX", "LUNG", "LUNGS", "RIBS", "HEART", "TORSO", "BREAST_CHEST"}
+_CODE_STRING = re.compile(r"[A-Z0-9_ ]{1,16}")
+
+
+def caution(modality: str, body_part: str) -> str:
+    """One line when the header says this may not be a chest radiograph ("" when nothing is off).
+
+    Modalities that are never radiographs are refused by ``read_dicom``; OT (secondary capture) and
+    unknown ones are read, since scanned films and exports use them, but the reader should know.
+    Header values are quoted only when they are plain DICOM code strings (nothing a page could render).
+    """
+    def code(value: str) -> str:
+        v = value.strip().upper()
+        return v if _CODE_STRING.fullmatch(v) else "a non-standard value"
+
+    notes = []
+    if modality.strip().upper() not in RADIOGRAPHS:
+        notes.append(f"modality {code(modality)} is not a radiograph modality" if modality.strip() else "no modality")
+    if body_part.strip() and body_part.strip().upper() not in CHEST_PARTS:
+        notes.append(f"body part {code(body_part)}")
+    return f"{'; '.join(notes)}: check this is a chest X-ray before reading the findings" if notes else ""
 
 
 def _voi_range(ds: pydicom.Dataset, src: np.ndarray) -> tuple[float, float] | None:
