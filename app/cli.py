@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning("app: binding %s without --auth: anyone who can reach this machine can use the app", args.host)
     if not re.fullmatch(r"[\w.:\-\[\]]+", args.host):
         raise MedclrError(f"--host {args.host!r}: expected an IP address or host name")
-    from app import tempdir
+    from medclr.app import tempdir
 
     # SIGTERM/SIGHUP end the process through `finally` and atexit (their default action skips both), so
     # the private temp folder (uploads, results) is removed however the app is stopped, short of SIGKILL
@@ -102,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    from app.service import AppService
-    from app.ui import build_blocks, launch
+    from medclr.app.service import AppService
+    from medclr.app.ui import build_blocks, launch
     from medclr.index import load_index
     from medclr.inference import load_checkpoint
 

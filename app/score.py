@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise MedclrError(f"--out {args.out!r}: expected a path ending in .parquet")
     import torch
 
-    from app.scoring import ScoreOptions, score_tree, shutdown
+    from medclr.app.scoring import ScoreOptions, score_tree, shutdown
     from medclr.inference import load_checkpoint
 
     if args.threads > 0:

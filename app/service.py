@@ -6,7 +6,7 @@ inverted; PNG/JPEG), under a pixel limit. Only ``read_header``'s safe fields (vi
 are shown or logged: never names, ids or dates from the DICOM header, and never the uploaded file's
 name (it may hold a patient's name): messages say "the uploaded file" instead.
 
-An upload in the app's private temporary folder (``app.tempdir``; the web app sets ``discard_uploads``) is
+An upload in the app's private temporary folder (``medclr.app.tempdir``; the web app sets ``discard_uploads``) is
 deleted as soon as it has been read, whether it could be read or not: what is kept is the decoded,
 encoded image in memory (the ``cache_size`` most recent uploads), found again by the upload's path
 when the page asks for the heatmap or similar studies of the same upload.
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from app import render, tempdir
+from medclr.app import render, tempdir
 from medclr.errors import MedclrError
 from medclr.inference.engine import MIN_MAP_RANGE, has_localised_signal, map_range
 from medclr.io import MAX_PIXELS, read_header, read_image

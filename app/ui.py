@@ -9,7 +9,7 @@ Endpoints (``gradio_client``: ``client.predict(..., api_name="/zero_shot")``):
 * ``retrieve_by_text`` (text, k=8) -> gallery of images
 * ``inspect_sentence`` (sentence) -> {eta_LM, zeta per report, nearest sentences}
 
-Privacy: Gradio writes into the app's private temporary folder (``app.tempdir``); each upload is deleted
+Privacy: Gradio writes into the app's private temporary folder (``medclr.app.tempdir``); each upload is deleted
 once read, results are written under fresh names there, uploads are never served back, the folder goes
 when the process ends. The upload control is a button that never shows the uploaded file's name (it may
 hold a patient's name; Gradio's ``gr.File`` box always shows it). Gradio's run history is off.
@@ -27,7 +27,7 @@ import logging
 import os
 import traceback
 
-from app import render, tempdir
+from medclr.app import render, tempdir
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported: no telemetry, no version check
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -36,7 +36,7 @@ tempdir.private_temp_dir()  # sets GRADIO_TEMP_DIR before gradio is imported
 import gradio as gr  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 
-from app.service import AppService  # noqa: E402
+from medclr.app.service import AppService  # noqa: E402
 from medclr.errors import MedclrError  # noqa: E402
 
 log = logging.getLogger("medclr.app")

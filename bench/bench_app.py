@@ -101,8 +101,8 @@ def main() -> None:
     import torch
     from pydicom.data import get_testdata_file
 
-    from app.service import AppService
-    from app.ui import build_blocks, launch
+    from medclr.app.service import AppService
+    from medclr.app.ui import build_blocks, launch
     from medclr.inference import load_checkpoint
     from medclr.io import read_image
 

@@ -1,7 +1,7 @@
 """Batch-scoring throughput as a ratio to model-forward-only throughput on the same images.
 
 For each format (uncompressed DICOM = RG1_UNCI, JPEG 2000 lossless DICOM = RG1_J2KR; 1955 x 1841,
-MONOCHROME1) a tree of N links to the file is scored by ``app.scoring.score_tree`` (DataLoader
+MONOCHROME1) a tree of N links to the file is scored by ``medclr.app.scoring.score_tree`` (DataLoader
 workers decode while the model runs; parts written as it goes). "Forward-only" runs the same model
 calls (image forward + CheX5 zero-shot head) on the same images already decoded and preprocessed in
 memory, same batch size. ratio = scoring img/s / forward-only img/s (goal >= 0.85). Decode-only
@@ -42,7 +42,7 @@ def main() -> None:
     import torch
     from pydicom.data import get_testdata_file
 
-    from app.scoring import ScoreOptions, score_tree
+    from medclr.app.scoring import ScoreOptions, score_tree
     from bench_app import build_checkpoint
     from medclr.inference import load_checkpoint, preprocess_image
     from medclr.io import read_image

@@ -85,8 +85,8 @@ def overrides(args, manifest: Path, lm: Path, out: Path) -> list[str]:
 
 
 def end_to_end(config: str, args, manifest: Path, lm: Path, out: Path) -> float:
-    from training.config import load_config
-    from training.loop import train
+    from medclr.training.config import load_config
+    from medclr.training.loop import train
 
     train(load_config(config, overrides(args, manifest, lm, out)))
     rates = [json.loads(line)["pairs_per_s"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -96,15 +96,15 @@ def end_to_end(config: str, args, manifest: Path, lm: Path, out: Path) -> float:
 def model_only_and_data(args, manifest: Path, lm: Path, out: Path) -> tuple[float, float]:
     import torch
 
-    from training.config import load_config
-    from training.data import Collate, PairDataset
-    from training.loop import TwoTower, _build, preflight
-    from training.optim import build_optimizer, param_groups
-    from training.sampler import GlobalBatchSampler
+    from medclr.training.config import load_config
+    from medclr.training.data import Collate, PairDataset
+    from medclr.training.loop import TwoTower, _build, preflight
+    from medclr.training.optim import build_optimizer, param_groups
+    from medclr.training.sampler import GlobalBatchSampler
 
     cfg = load_config("infonce", overrides(args, manifest, lm, out))
     plan = preflight(cfg, None, 1)
-    from training.distributed import DistEnv
+    from medclr.training.distributed import DistEnv
 
     model, loss = _build(plan, DistEnv())
     ds = PairDataset(plan.table, cfg)

@@ -2,7 +2,7 @@
 
 Every metric the pooled ``metrics.json`` holds per checkpoint (summary, per-class AUC, grounding
 and its controls, retrieval) becomes one JSON line: A's and B's means and the mean of the per-seed
-differences A − B with its Student-t 95 % CI (``evaluation.seeds.paired_difference``; checkpoint
+differences A − B with its Student-t 95 % CI (``medclr.evaluation.seeds.paired_difference``; checkpoint
 k of A is paired with checkpoint k of B, so pass the seeds in the same order to both evals).
 
     python bench/paired_runs.py A/metrics.json B/metrics.json            # JSON lines
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from evaluation.seeds import paired_difference
+from medclr.evaluation.seeds import paired_difference
 
 # The rows docs/training.md quotes (the rest stay in the JSON lines).
 HEADLINE = ("summary.AUC", "summary.CNR", "summary.mIoU", "summary.Recall", "summary.MedR",

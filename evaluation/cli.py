@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         compare[label] = path
     import torch
 
-    from evaluation.runner import evaluate
+    from medclr.evaluation.runner import evaluate
 
     device = args.device
     if device == "auto":
@@ -128,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
         shown = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in s.items() if v is not None)
         print(f"wrote {os.path.join(args.out, 'metrics.json')}: {shown} ({m['timing_s']['total']} s)")
         return 0
-    from evaluation.seeds_report import mean_sd
-    from evaluation.seeds_run import evaluate_seeds
+    from medclr.evaluation.seeds_report import mean_sd
+    from medclr.evaluation.seeds_run import evaluate_seeds
 
     m = evaluate_seeds(checkpoints, args.data, args.out, **kwargs)
     shown = ", ".join(f"{k} {mean_sd(e)}" for k, e in m["pooled"]["summary"].items() if e["n"])

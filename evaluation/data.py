@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from evaluation import grounding as G
+from medclr.evaluation import grounding as G
 from medclr.models.image import ImageFeatures
 
 from medclr.errors import MedclrError
@@ -164,8 +164,8 @@ def labels(data: EvalData, rows: np.ndarray, classes: list[str]) -> np.ndarray:
 
 def prompt_set(path: str | None):
     """A built-in set by name (``medclr.prompts.BUILTIN_PROMPTS``: paper, report), the user's prompt
-    file (``evaluation.zeroshot.load_prompts``), else the paper's CheX5 prompts."""
-    from evaluation.zeroshot import load_prompts
+    file (``medclr.evaluation.zeroshot.load_prompts``), else the paper's CheX5 prompts."""
+    from medclr.evaluation.zeroshot import load_prompts
     from medclr.prompts import BUILTIN_PROMPTS, copy_prompts
 
     if path is None or path in BUILTIN_PROMPTS:

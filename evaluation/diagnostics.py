@@ -61,7 +61,7 @@ def prompt_diagnostics(prompt_emb: Mapping[str, tuple[np.ndarray, np.ndarray]], 
 def zeroshot_diagnostics(model, enc, data, test_rows: np.ndarray, prompts) -> dict[str, dict[str, float]]:
     """:func:`prompt_diagnostics` for the runner: the checkpoint's reduced prompt embeddings
     (``Model.prompt_embeddings``, the ones its zero-shot scores use) and the encoded test images."""
-    from evaluation.data import labels
+    from medclr.evaluation.data import labels
 
     classes = list(prompts)
     p = enc.take(test_rows)
@@ -85,7 +85,7 @@ EXPLAIN = ("Prompt cosine: cos(positive, negative) of the class's reduced prompt
 
 def markdown_lines(z: dict) -> list[str]:
     """The single-run report's prompt-check table (nothing when the metrics lack it)."""
-    from evaluation.report import _table, fmt
+    from medclr.evaluation.report import _table, fmt
 
     if not z or "prompt_cosine" not in z:
         return []

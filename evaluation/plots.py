@@ -64,7 +64,7 @@ def plot_roc_curves(
     """One ROC panel per class (``sklearn.metrics.roc_curve``), AUC in the legend.
 
     ``scores``/``labels`` are (N, C); labels 1/0 are used, −1 and NaN ignored (as in
-    :func:`evaluation.zeroshot.zero_shot_metrics`). A class with one label value gets an
+    :func:`medclr.evaluation.zeroshot.zero_shot_metrics`). A class with one label value gets an
     empty panel saying so.
     """
     s = np.asarray(scores, dtype=np.float64)

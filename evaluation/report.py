@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from evaluation import grounding as G
+from medclr.evaluation import grounding as G
 
 DISPLAY_MAX = 512
 DPI = 100
@@ -98,7 +98,7 @@ def _display(image: np.ndarray) -> tuple[np.ndarray, float]:
 
 def heatmap_figures(outdir: Path, metrics: dict, model, enc, data, ph, per_phrase) -> list[tuple[str, str]]:
     """Per MS-CXR category, the phrase with the MEDIAN CNR (representative, not the best)."""
-    from evaluation.plots import plot_heatmap_panel
+    from medclr.evaluation.plots import plot_heatmap_panel
     from medclr.io import read_image
 
     figs = []
@@ -129,7 +129,7 @@ def retrieval_figure(outdir: Path, model, enc, data, ph, extras, seed: int = 0, 
     """Text -> image examples: each row is a phrase, its true box, then the top boxes retrieved."""
     from matplotlib.patches import Rectangle
 
-    from evaluation.plots import new_figure
+    from medclr.evaluation.plots import new_figure
     from medclr.io import read_image
 
     order, s = extras
@@ -243,7 +243,7 @@ def _summary_rows(metrics: dict) -> list[list[Any]]:
 
 
 def markdown(metrics: dict, figs: dict[str, Any]) -> str:
-    from evaluation.diagnostics import markdown_lines
+    from medclr.evaluation.diagnostics import markdown_lines
 
     m = metrics
     tr = m["model"].get("training") or {}
@@ -370,7 +370,7 @@ def write_report(outdir: Path, metrics: dict, *, model, enc, data, ph, per_phras
     figs: dict[str, Any] = {}
     z, p = metrics.get("zeroshot"), metrics.get("probe")
     if figures and z:
-        from evaluation.plots import plot_roc_curves
+        from medclr.evaluation.plots import plot_roc_curves
 
         scores, y = z["_scores"]
         figs["roc"] = save(plot_roc_curves(scores, y, z["classes"], title="CheX5 zero-shot ROC"), outdir, "figures/roc.png")
@@ -379,7 +379,7 @@ def write_report(outdir: Path, metrics: dict, *, model, enc, data, ph, per_phras
     if figures and metrics.get("retrieval"):
         figs["retrieval"] = retrieval_figure(outdir, model, enc, data, ph, extras["retrieval"], metrics["seed"])
     if figures and p and p.get("_tsne") is not None:
-        from evaluation.probe import plot_tsne
+        from medclr.evaluation.probe import plot_tsne
 
         x, lab = p["_tsne"]
         if len(x) >= 10:

@@ -2,7 +2,7 @@
 
 One pass encodes every image needed (test split for zero-shot and the probe, train split for the
 probe, MS-CXR images for grounding and retrieval); the tasks then work on the stored features with
-the pure metric functions of ``evaluation.grounding/retrieval/zeroshot/probe``. Choices made here
+the pure metric functions of ``medclr.evaluation.grounding/retrieval/zeroshot/probe``. Choices made here
 (written down in ``docs/evaluation.md``, section "The runner"):
 
 * zero-shot score = the checkpoint's own image-sentence score (its similarity head, what the loss
@@ -31,9 +31,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from evaluation import grounding as G
+from medclr.evaluation import grounding as G
 from medclr.inference.engine import MIN_MAP_RANGE, map_range
-from evaluation.data import (EvalData, Encoded, Model, Phrases, control_pairs, encode, has_two_label_values,
+from medclr.evaluation.data import (EvalData, Encoded, Model, Phrases, control_pairs, encode, has_two_label_values,
                              labels, phrases, prompt_set, split_rows, top_classes)
 from medclr.errors import MedclrError
 
@@ -49,7 +49,7 @@ LATENT_TOP = 10  # latent-class probe: the most frequent classes
 
 
 def zeroshot_task(enc: Encoded, data: EvalData, test_rows: np.ndarray, prompts, n_boot: int, seed: int) -> dict:
-    from evaluation.zeroshot import zero_shot_metrics
+    from medclr.evaluation.zeroshot import zero_shot_metrics
 
     classes = list(prompts)
     p = enc.take(test_rows)
@@ -175,7 +175,7 @@ def text_level_retrieval(s: np.ndarray, texts, ks=(10, 50, 100)) -> dict:
 
 
 def retrieval_task(model: Model, enc: Encoded, ph: Phrases, text: torch.Tensor) -> tuple[dict, pd.DataFrame, np.ndarray]:
-    from evaluation.retrieval import DEFAULT_KS, bidirectional_retrieval, ranks
+    from medclr.evaluation.retrieval import DEFAULT_KS, bidirectional_retrieval, ranks
 
     keep = [k for k in range(len(ph)) if int(ph.table["index"].iat[k]) in enc.regions]
     feats, n_out = [], 0
@@ -208,7 +208,7 @@ def retrieval_task(model: Model, enc: Encoded, ph: Phrases, text: torch.Tensor) 
 
 def probe_task(enc: Encoded, data: EvalData, train_rows: np.ndarray, test_rows: np.ndarray, classes: list[str],
                seed: int) -> dict:
-    from evaluation.probe import linear_probe
+    from medclr.evaluation.probe import linear_probe
 
     ptr, pte = enc.take(train_rows), enc.take(test_rows)
     xtr, xte = enc.glob[ptr], enc.glob[pte]
@@ -248,9 +248,9 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
              device: str = "cpu", n_boot: int = 1000, seed: int = 0, figures: bool = True,
              compare: dict[str, str] | None = None) -> dict:
     """Run the evaluation and write ``out``/metrics.json, phrases.csv, report.md, figures/*.png."""
-    from evaluation.data import load_eval_data
-    from evaluation.diagnostics import zeroshot_diagnostics
-    from evaluation.report import jsonable, read_summary, summary, write_report
+    from medclr.evaluation.data import load_eval_data
+    from medclr.evaluation.diagnostics import zeroshot_diagnostics
+    from medclr.evaluation.report import jsonable, read_summary, summary, write_report
 
     t0 = time.perf_counter()
     compared = {label: read_summary(path) for label, path in (compare or {}).items()}

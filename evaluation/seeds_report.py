@@ -1,5 +1,5 @@
 """report.md of a several-checkpoint (seeds) `medclr eval`: the pooled tables, from the metrics
-dict :func:`evaluation.seeds_run.evaluate_seeds` writes. Every pooled number is shown as
+dict :func:`medclr.evaluation.seeds_run.evaluate_seeds` writes. Every pooled number is shown as
 mean ± sd (n) with the Student-t 95 % CI of the mean over seeds, each checkpoint's own value beside
 it (with its percentile-bootstrap CI where the single run computes one: zero-shot AUC/ACC)."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from evaluation.diagnostics import EXPLAIN, sign_word
-from evaluation.report import CAVEAT, PAPER_TABLE1, PAPER_TABLE3, PAPER_TABLE4, SUMMARY_KEYS as KEYS, _table, fmt
+from medclr.evaluation.diagnostics import EXPLAIN, sign_word
+from medclr.evaluation.report import CAVEAT, PAPER_TABLE1, PAPER_TABLE3, PAPER_TABLE4, SUMMARY_KEYS as KEYS, _table, fmt
 
 __all__ = ["mean_sd", "pooled_markdown"]
 

@@ -1,9 +1,9 @@
 """`medclr eval` with several checkpoints (training seeds): each one evaluated alone, then pooled.
 
-``evaluate_seeds([A, B, C], data, R)`` runs :func:`evaluation.runner.evaluate` for checkpoint k into
+``evaluate_seeds([A, B, C], data, R)`` runs :func:`medclr.evaluation.runner.evaluate` for checkpoint k into
 ``R/<k>_<checkpoint dir name>/`` (k = 1, 2, ...; its own metrics.json, phrases.csv, report.md,
 figures) and writes ``R/metrics.json`` and ``R/report.md`` with the pooled view
-(:func:`pool_runs`, ``evaluation.seeds.pooled``: mean ± sd, n, Student-t 95 % CI of the mean over
+(:func:`pool_runs`, ``medclr.evaluation.seeds.pooled``: mean ± sd, n, Student-t 95 % CI of the mean over
 seeds, and each checkpoint's value beside it with its bootstrap CI where it has one).
 
 The pooled metrics.json keeps ``summary`` (the single run's keys, holding the means over
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluation.report import SUMMARY_KEYS
-from evaluation.seeds import pooled
+from medclr.evaluation.report import SUMMARY_KEYS
+from medclr.evaluation.seeds import pooled
 
 __all__ = ["SUMMARY_KEYS", "evaluate_seeds", "pool_runs", "run_dir_names"]
 PROBE_FRACTIONS = ("1%", "10%", "100%")
@@ -114,10 +114,10 @@ def pool_runs(runs: list[dict]) -> dict[str, Any]:
 def evaluate_seeds(checkpoints: list[str], data_path: str, out: str, *, compare: dict[str, str] | None = None,
                    **kwargs: Any) -> dict[str, Any]:
     """Evaluate every checkpoint into ``out/<k>_<name>/`` and write the pooled ``out/metrics.json`` and
-    ``out/report.md``. ``kwargs`` are :func:`evaluation.runner.evaluate`'s (the same for every run)."""
-    from evaluation.report import jsonable, read_summary
-    from evaluation.runner import evaluate
-    from evaluation.seeds_report import pooled_markdown
+    ``out/report.md``. ``kwargs`` are :func:`medclr.evaluation.runner.evaluate`'s (the same for every run)."""
+    from medclr.evaluation.report import jsonable, read_summary
+    from medclr.evaluation.runner import evaluate
+    from medclr.evaluation.seeds_report import pooled_markdown
     from medclr.errors import MedclrError
 
     if len(checkpoints) < 2:

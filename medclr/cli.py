@@ -23,12 +23,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("medclr.io.cli", "show the safe header fields of a radiograph and render it as medclr reads it"),
     "prepare": ("medclr.data.cli", "read MIMIC-CXR-JPG / Open-i / a CSV corpus (+ MS-CXR) into a manifest"),
     "lm": ("medclr.lm.cli", "fit a domain masked LM, score sentences (PLL -> eta), calibrate eta"),
-    "train": ("training.cli", "train image/report encoders with a contrastive loss (torchrun for many GPUs)"),
-    "eval": ("evaluation.cli", "CheX5 zero-shot, MS-CXR grounding, retrieval, probes -> metrics.json + report"),
+    "train": ("medclr.training.cli", "train image/report encoders with a contrastive loss (torchrun for many GPUs)"),
+    "eval": ("medclr.evaluation.cli", "CheX5 zero-shot, MS-CXR grounding, retrieval, probes -> metrics.json + report"),
     "index": ("medclr.index.cli", "build or extend a faiss retrieval index from a checkpoint"),
-    "score": ("app.score", "batch-score a directory tree of radiographs, resumably"),
-    "app": ("app.cli", "serve the clinician web app (Gradio) on 127.0.0.1"),
-    "demo": ("app.demo", "the main job: phantom data -> LM -> train -> eval -> index -> app"),
+    "score": ("medclr.app.score", "batch-score a directory tree of radiographs, resumably"),
+    "app": ("medclr.app.cli", "serve the clinician web app (Gradio) on 127.0.0.1"),
+    "demo": ("medclr.app.demo", "the main job: phantom data -> LM -> train -> eval -> index -> app"),
 }
 
 

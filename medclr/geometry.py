@@ -1,7 +1,7 @@
 """Resize the shorter side, centre-crop: the one rule for where the model's input lies in the original image.
 
-Training's deterministic view (``training.data``), inference preprocessing (``medclr.inference.preprocess``)
-and evaluation's heatmap placement and box features (``evaluation.grounding``, ``evaluation.runner``) all
+Training's deterministic view (``medclr.training.data``), inference preprocessing (``medclr.inference.preprocess``)
+and evaluation's heatmap placement and box features (``medclr.evaluation.grounding``, ``medclr.evaluation.runner``) all
 take their sizes, crop origin and coordinate maps from here, so a pixel of the original image lands on the
 same crop pixel in every path.
 

@@ -4,7 +4,7 @@ Table 2 of the paper ("Zero-shot image classification prompts"), verbatim, one p
 The paper's row names are lower case and say "effusion"; the keys here are the CheXpert column
 names (``medclr.data.labels.CHEX5``), so "effusion" is "Pleural Effusion".
 
-Shape (shared by ``medclr.inference`` and ``evaluation.zeroshot``)::
+Shape (shared by ``medclr.inference`` and ``medclr.evaluation.zeroshot``)::
 
     {class: {"positive": [prompt, ...], "negative": [prompt, ...]}}
 

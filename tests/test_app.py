@@ -29,8 +29,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(engine, index_dir):  # noqa: F811
-    from app.service import AppService
-    from app.ui import build_blocks, launch
+    from medclr.app.service import AppService
+    from medclr.app.ui import build_blocks, launch
     from medclr.index import load_index
 
     service = AppService(engine, load_index(index_dir, engine), max_upload_bytes=20 << 20)
@@ -67,7 +67,7 @@ def test_upload_warnings_are_logged_without_the_file_name(engine, tmp_path, capl
     """A multi-frame DICOM warns with its path; a file name can be a patient's: the log shows neither."""
     import pydicom
 
-    from app.service import AppService
+    from medclr.app.service import AppService
 
     ds = pydicom.dcmread(rg1_path())
     frames = np.stack([ds.pixel_array, ds.pixel_array])
@@ -249,7 +249,7 @@ def test_app_cli_help_and_bad_input(tmp_path, app_assets):  # noqa: F811
 
 
 def test_auth_parsing(tmp_path, monkeypatch):
-    from app.cli import parse_auth
+    from medclr.app.cli import parse_auth
     from medclr.errors import MedclrError
 
     monkeypatch.delenv("MEDCLR_APP_AUTH", raising=False)
@@ -266,8 +266,8 @@ def test_auth_parsing(tmp_path, monkeypatch):
 def test_auth_is_enforced(engine):  # noqa: F811
     from gradio_client import Client
 
-    from app.service import AppService
-    from app.ui import build_blocks, launch
+    from medclr.app.service import AppService
+    from medclr.app.ui import build_blocks, launch
 
     demo = build_blocks(AppService(engine, None))
     _, url = launch(demo, port=_free_port(), block=False, auth=[("alice", "s3cret")])
@@ -284,7 +284,7 @@ def test_auth_is_enforced(engine):  # noqa: F811
 
 
 def test_gallery_pick_lists_the_report_sentences(server, app_assets):  # noqa: F811
-    from app.ui import _study_sentences
+    from medclr.app.ui import _study_sentences
     from medclr.data.manifest import read_manifest
 
     sents = read_manifest(app_assets["manifest"])["sentences"].iat[11]

@@ -135,8 +135,8 @@ def browser(tmp_path):
 
 @pytest.fixture()
 def served(engine, index_dir):  # noqa: F811
-    from app.service import AppService
-    from app.ui import build_blocks, launch
+    from medclr.app.service import AppService
+    from medclr.app.ui import build_blocks, launch
     from medclr.index import load_index
 
     demo = build_blocks(AppService(engine, load_index(index_dir, engine)))

@@ -68,7 +68,7 @@ def test_garbage_images_are_refused_not_scored(image, message):
 
 @pytest.mark.slow  # importing MONAI (through training.data) alone takes 10-20 s on a busy 2-core machine
 def test_preprocess_is_trainings_deterministic_view():
-    data = pytest.importorskip("training.data", reason="training/ not present in this checkout")
+    data = pytest.importorskip("medclr.training.data", reason="training/ not present in this checkout")
     from monai.transforms import CenterSpatialCrop
 
     from medclr.io import read_image
@@ -166,7 +166,7 @@ def test_untrained_lse_nl_head_is_refused_in_one_line(app_assets, tmp_path):  # 
 def test_flat_map_is_not_painted(app_assets, tmp_path):  # noqa: F811
     """Every region cell equal (projection weights zero): the map is flat, and the app says so instead of
     stretching a colour scale over it; the trained fixture's map is painted."""
-    from app.service import AppService
+    from medclr.app.service import AppService
     from medclr.inference.engine import MIN_MAP_RANGE, has_localised_signal, map_range
 
     def flatten(model):

@@ -53,8 +53,8 @@ def _identified_dicom(folder: Path, name: str = FAKE_NAME, seed: int = 0) -> Pat
 
 @pytest.fixture(scope="module")
 def server(engine, index_dir):  # noqa: F811
-    from app.service import AppService
-    from app.ui import build_blocks, launch
+    from medclr.app.service import AppService
+    from medclr.app.ui import build_blocks, launch
     from medclr.index import load_index
 
     service = AppService(engine, load_index(index_dir, engine))
@@ -120,7 +120,7 @@ def _leftovers(root: Path, name: str, data: bytes) -> list[str]:
 def test_upload_is_deleted_once_read_and_never_served(server, tmp_path):
     import httpx
 
-    from app import tempdir
+    from medclr.app import tempdir
 
     url, _ = server
     root = tempdir.private_temp_dir()
@@ -163,7 +163,7 @@ def test_uploads_through_gradio_client_and_refused_uploads_leave_nothing(client,
     from gradio_client import handle_file
     from gradio_client.exceptions import AppError
 
-    from app import tempdir
+    from medclr.app import tempdir
 
     root = tempdir.private_temp_dir()
     src = _identified_dicom(tmp_path, seed=1)
@@ -193,7 +193,7 @@ def test_concurrent_identical_heatmaps_are_complete_and_never_rewritten(client, 
     import httpx
     from gradio_client import handle_file
 
-    from app import tempdir
+    from medclr.app import tempdir
 
     url, _ = server
     png = app_assets["images"] / "p00" / "s00.png"
@@ -225,7 +225,7 @@ def test_concurrent_identical_heatmaps_are_complete_and_never_rewritten(client, 
 
 
 def test_save_png_never_reuses_a_name(tmp_path):
-    from app import render
+    from medclr.app import render
 
     a = np.arange(48, dtype=np.uint8).reshape(6, 8)
     p1 = Path(render.save_png(a, tmp_path, "heatmap"))
@@ -240,7 +240,7 @@ def test_save_png_never_reuses_a_name(tmp_path):
 
 
 def test_sweep_removes_old_files_and_empty_folders(tmp_path):
-    from app import tempdir
+    from medclr.app import tempdir
 
     now = time.time()
     old_upload = tmp_path / "ab12" / "scan.dcm"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.budget import SAFETY, StepBudget, fit_steps
+from medclr.training.budget import SAFETY, StepBudget, fit_steps
 
 
 def simulate(step_time, budget_s: float, cap: int = 10**9, tail_s: float = 0.5) -> tuple[int, float]:

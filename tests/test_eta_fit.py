@@ -160,7 +160,7 @@ def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
 
 def test_training_reads_fitted_and_old_tables(fake_scorer, tmp_path):
     from medclr.lm.eta import read_eta_table, score_manifest, write_eta_table
-    from training.data import _eta_from_table
+    from medclr.training.data import _eta_from_table
 
     manifest, _ = _corpus()
     out = tmp_path / "eta.parquet"

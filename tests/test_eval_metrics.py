@@ -13,7 +13,7 @@ import pytest
 import torch
 from sklearn.metrics import accuracy_score, roc_auc_score
 
-from evaluation.grounding import (
+from medclr.evaluation.grounding import (
     DEFAULT_THRESHOLDS,
     CropGeometry,
     boxes_to_mask,
@@ -25,9 +25,9 @@ from evaluation.grounding import (
     smooth_map,
     upsample_map,
 )
-from evaluation.probe import linear_probe, plot_tsne, subsample_indices
-from evaluation.retrieval import bidirectional_retrieval, ranks, retrieval_metrics
-from evaluation.zeroshot import (
+from medclr.evaluation.probe import linear_probe, plot_tsne, subsample_indices
+from medclr.evaluation.retrieval import bidirectional_retrieval, ranks, retrieval_metrics
+from medclr.evaluation.zeroshot import (
     CHEX5,
     PAPER_PROMPTS,
     PromptFileError,
@@ -352,7 +352,7 @@ def test_zero_shot_matches_sklearn_and_ignores_uncertain():
 
 
 def test_zero_shot_bootstrap_ci_and_vectorised_auc():
-    from evaluation.zeroshot import _bootstrap_auc
+    from medclr.evaluation.zeroshot import _bootstrap_auc
 
     rng = np.random.default_rng(6)
     y = _labels(250, 5, seed=6)
@@ -433,7 +433,7 @@ def test_linear_probe_on_separable_data():
 
 
 def test_tsne_and_figures_write_png(tmp_path):
-    from evaluation.plots import figure_to_png, plot_heatmap_panel, plot_roc_curves
+    from medclr.evaluation.plots import figure_to_png, plot_heatmap_panel, plot_roc_curves
 
     x, y = _separable(60, 2)
     fig, emb = plot_tsne(x, y, tmp_path / "tsne.png", seed=0)

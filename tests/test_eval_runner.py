@@ -168,9 +168,9 @@ def test_cli_writes_metrics_report_and_figures(small, capsys):
 
 def test_zero_shot_uses_the_head_score_equal_to_the_protocols_cosine(small):
     """For a cosine head the runner's score is evaluation.zeroshot.zero_shot_scores on global embeddings."""
-    from evaluation.data import load_eval_data, split_rows
-    from evaluation.runner import Model, encode
-    from evaluation.zeroshot import PAPER_PROMPTS, zero_shot_scores
+    from medclr.evaluation.data import load_eval_data, split_rows
+    from medclr.evaluation.runner import Model, encode
+    from medclr.evaluation.zeroshot import PAPER_PROMPTS, zero_shot_scores
     from medclr.prompts import CHEX5_PROMPTS
 
     assert PAPER_PROMPTS is CHEX5_PROMPTS  # one prompt table for the project
@@ -188,7 +188,7 @@ def test_zero_shot_uses_the_head_score_equal_to_the_protocols_cosine(small):
 
 
 def test_random_checkpoint_scores_at_chance(tmp_path):
-    from evaluation.runner import evaluate
+    from medclr.evaluation.runner import evaluate
     from medclr.data.manifest import write_manifest
     from medclr.data.readers.mimic import read_mimic_cxr_jpg
     from medclr.data.readers.mscxr import read_mscxr
@@ -233,9 +233,9 @@ def test_random_checkpoint_scores_at_chance(tmp_path):
 def test_planted_signal_through_the_runner_geometry():
     """Region features that encode position, and 'texts' that name the cells of a box: the runner's
     RoIAlign and map geometry must retrieve and ground them (so chance above is the model's)."""
-    from evaluation.grounding import CropGeometry
-    from evaluation.retrieval import bidirectional_retrieval
-    from evaluation.runner import box_feature, ground_one, retrieval_scores
+    from medclr.evaluation.grounding import CropGeometry
+    from medclr.evaluation.retrieval import bidirectional_retrieval
+    from medclr.evaluation.runner import box_feature, ground_one, retrieval_scores
 
     geo = CropGeometry.from_resize_crop((200, 160), 72, 64)  # portrait: rows are cropped
     gh = gw = 8
@@ -266,8 +266,8 @@ def test_planted_signal_through_the_runner_geometry():
 
 
 def test_text_level_retrieval_merges_identical_texts():
-    from evaluation.retrieval import bidirectional_retrieval
-    from evaluation.runner import text_level_retrieval
+    from medclr.evaluation.retrieval import bidirectional_retrieval
+    from medclr.evaluation.runner import text_level_retrieval
 
     texts = ["a", "a", "b", "c", "c", "c"]
     onehot = np.eye(3)[pd.factorize(pd.Series(texts))[0]]
@@ -298,8 +298,8 @@ def test_bad_data_path_is_one_clear_line(small, tmp_path):
 
 
 def test_unavailable_task_and_bad_args(small, tmp_path, capsys):
-    from evaluation.cli import TASKS
-    from evaluation.runner import TASKS as RUNNER_TASKS
+    from medclr.evaluation.cli import TASKS
+    from medclr.evaluation.runner import TASKS as RUNNER_TASKS
 
     assert TASKS == RUNNER_TASKS
     d, root, ckpt = small

@@ -1,6 +1,6 @@
 """The seeds protocol of `medclr eval` (several --checkpoint) and the zero-shot prompt check.
 
-* ``evaluation.seeds.pooled`` / ``paired_difference`` against the formulas written out with numpy
+* ``medclr.evaluation.seeds.pooled`` / ``paired_difference`` against the formulas written out with numpy
   and scipy (mean, sample sd, Student-t CI of the mean), NaN dropped;
 * the CLI with two tiny random checkpoints (the fixtures of ``tests/test_eval_runner.py``): one
   directory per checkpoint, each a complete single run, and a pooled metrics.json whose means and
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from evaluation.seeds import paired_difference, pooled
+from medclr.evaluation.seeds import paired_difference, pooled
 from tests.test_eval_runner import make_checkpoint, medclr_main, write_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -86,7 +86,7 @@ def test_paired_difference_is_pooled_of_the_per_seed_differences():
 
 
 def test_prompt_diagnostics_on_toy_vectors():
-    from evaluation.diagnostics import prompt_diagnostics, sign_word
+    from medclr.evaluation.diagnostics import prompt_diagnostics, sign_word
 
     e = np.eye(4)
     prompts = {"A": (e[0], e[1]), "B": (e[0] + e[2], e[0]), "C": (e[0], e[0])}
@@ -106,7 +106,7 @@ def test_prompt_diagnostics_on_toy_vectors():
 
 def test_pool_runs_reads_metrics_json_values():
     """The pooling also works on metrics read back from JSON (null = NaN, "inf" strings)."""
-    from evaluation.seeds_run import pool_runs, run_dir_names
+    from medclr.evaluation.seeds_run import pool_runs, run_dir_names
 
     runs = [{"summary": {"CNR": 1.0, "AUC": None}, "grounding": {"CNR": {"macro": 1.0}, "n_phrases": 3}},
             {"summary": {"CNR": "inf", "AUC": None}, "grounding": {"CNR": {"macro": "inf"}, "n_phrases": 3}},
@@ -167,14 +167,14 @@ def test_cli_several_checkpoints_pools_the_per_checkpoint_metrics(two, capsys):
         assert needle in report, needle
     assert "### Prompt check" in (out / "1_seed0" / "report.md").read_text()
     # the pooled metrics.json works with --compare, as a single run's does
-    from evaluation.report import read_summary
+    from medclr.evaluation.report import read_summary
 
     assert read_summary(out / "metrics.json")["AUC"] == pytest.approx(m["summary"]["AUC"])
 
 
 def _brute_force(model, prompts, enc, y):
     """Prompt cosine and sign check per class, recomputed from the text tower's raw outputs."""
-    from evaluation.zeroshot import class_text_embedding
+    from medclr.evaluation.zeroshot import class_text_embedding
 
     out = {}
     x = enc.glob / np.linalg.norm(enc.glob, axis=1, keepdims=True)
@@ -191,9 +191,9 @@ def test_prompt_cosine_and_sign_check_match_a_brute_force_recomputation(two, tmp
     ``zeroshot.class_text_embedding``) and the encoded test images; several prompts per side."""
     import torch
 
-    from evaluation.data import labels, load_eval_data, split_rows
-    from evaluation.diagnostics import zeroshot_diagnostics
-    from evaluation.runner import Model, encode, evaluate
+    from medclr.evaluation.data import labels, load_eval_data, split_rows
+    from medclr.evaluation.diagnostics import zeroshot_diagnostics
+    from medclr.evaluation.runner import Model, encode, evaluate
 
     _d, root, a, _b = two
     prompts = {"Cardiomegaly": {"positive": ["Cardiomegaly", "The heart is enlarged"], "negative": ["Heart size normal"]},

@@ -1,7 +1,7 @@
 """One resize/centre-crop geometry (medclr.geometry) for training, inference and evaluation (issue 16).
 
 Fast: training's path is exercised through the plain functions its MONAI transforms call
-(``training.data.load_resized``, ``training.data.centre_crop``), so MONAI is not imported.
+(``medclr.training.data.load_resized``, ``medclr.training.data.centre_crop``), so MONAI is not imported.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ SHAPES = [(3056, 2544, 512, 480), (2544, 3056, 512, 480), (300, 200, 80, 64), (6
 
 def _training_view(img: np.ndarray, resize: int, crop: int) -> tuple[torch.Tensor, tuple[int, int]]:
     """Training's deterministic view of ``img`` and the crop origin (resized pixels) it used."""
-    from training import data
+    from medclr.training import data
 
     resized = data.load_resized(img, resize)
     h, w = resized.shape[-2:]
@@ -32,8 +32,8 @@ def _training_view(img: np.ndarray, resize: int, crop: int) -> tuple[torch.Tenso
 
 
 def _evaluation_geometry(h: int, w: int, resize: int, crop: int) -> CropGeometry:
-    """What `medclr eval` places heatmaps and box features with (``evaluation.data.Model.geometry``)."""
-    from evaluation.data import Model
+    """What `medclr eval` places heatmaps and box features with (``medclr.evaluation.data.Model.geometry``)."""
+    from medclr.evaluation.data import Model
 
     return Model.geometry(SimpleNamespace(pre=Preprocess(crop, resize)), h, w)
 
@@ -47,7 +47,7 @@ def _box_image(h: int, w: int, box: tuple[int, int, int, int]) -> np.ndarray:
 
 @pytest.mark.parametrize("h, w, resize, crop", SHAPES)
 def test_training_inference_and_evaluation_cut_the_same_crop(h, w, resize, crop):
-    from evaluation.grounding import upsample_map
+    from medclr.evaluation.grounding import upsample_map
 
     # a box well inside the crop (the crop is centred and covers crop/resize of the shorter side)
     side = min(h, w) * crop / resize

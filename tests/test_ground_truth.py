@@ -56,7 +56,7 @@ def test_lm_calibrate_keys_and_partial_matches(phantom_dir):
 
 
 def test_eval_joins_when_absent_and_notes_a_broken_table(phantom_dir):
-    from evaluation.data import EvalData, attach_ground_truth as eval_join
+    from medclr.evaluation.data import EvalData, attach_ground_truth as eval_join
 
     df = _manifest(["d1", "zz"]).drop(columns=["latent_class"])
     df.attrs["root"] = str(phantom_dir)

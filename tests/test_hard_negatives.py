@@ -104,7 +104,7 @@ def test_hard_negatives_never_repeat_the_report_and_follow_kinds():
 def test_collate_puts_each_hard_negative_after_the_sentences_and_never_the_positive():
     from types import SimpleNamespace
 
-    from training.data import Collate
+    from medclr.training.data import Collate
 
     seen = []
 
@@ -137,7 +137,7 @@ def test_findings_sampling_weighs_stated_findings_over_boilerplate():
     import numpy as np
 
     from medclr.errors import MedclrError
-    from training.data import sentence_probabilities
+    from medclr.training.data import sentence_probabilities
 
     rows = [["No pneumothorax.", "Small left pleural effusion.", "Heart size normal.", "Possible pneumonia."],
             ["The lungs are clear."]]

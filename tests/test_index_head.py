@@ -171,7 +171,7 @@ def test_cli_text_search_prints_head_scores(lse, capsys):
 
 
 def test_app_text_retrieval_shows_head_scores(lse):
-    from app.service import AppService
+    from medclr.app.service import AppService
 
     engine, out = lse
     idx = load_index(out, engine)

@@ -38,9 +38,9 @@ class _DS:
 
 @pytest.mark.parametrize("prompts", [CHEX5_PROMPTS, CHEX5_REPORT_PROMPTS], ids=["paper", "report (several per side)"])
 def test_validation_and_eval_give_the_same_zero_shot_scores(engine, prompts):  # noqa: F811
-    from evaluation.data import Model
-    from evaluation.zeroshot import class_text_embedding, zero_shot_metrics
-    from training.hooks import Validator
+    from medclr.evaluation.data import Model
+    from medclr.evaluation.zeroshot import class_text_embedding, zero_shot_metrics
+    from medclr.training.hooks import Validator
 
     images, labels = _validation_set()
     ds = _DS(images, SimpleNamespace(sentences=[["No pneumothorax."]] * len(images), labels=labels))

@@ -126,7 +126,7 @@ def _tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_sampler_global_batches_are_distinct_and_equal_per_rank():
-    from training.sampler import GlobalBatchSampler
+    from medclr.training.sampler import GlobalBatchSampler
 
     n, gb, world = 23, 8, 2
     per_rank = [iter(GlobalBatchSampler(n, gb, r, world, seed=3)) for r in range(world)]
@@ -148,7 +148,7 @@ def test_sampler_global_batches_are_distinct_and_equal_per_rank():
 
 
 def test_config_layers_presets_and_overrides():
-    from training.config import load_config
+    from medclr.training.config import load_config
 
     cfg = load_config("dcl_0.05", ["data.manifest=m.parquet", "out=o", "optim.lr=1e-4", "train.batch_size=16"])
     assert cfg["loss"] == {"name": "dcl", "eta_source": "none", "tau": 0.07, "eta": 0.05}
@@ -178,7 +178,7 @@ def test_config_layers_presets_and_overrides():
     ("nope", [], "no such file"),
 ])
 def test_bad_config_is_one_clear_line(config, overrides, message):
-    from training.config import load_config
+    from medclr.training.config import load_config
 
     with pytest.raises(MedclrError, match=re.escape(message)):
         load_config(config, ["data.manifest=m.parquet", "out=o", *overrides])
@@ -187,8 +187,8 @@ def test_bad_config_is_one_clear_line(config, overrides, message):
 def test_dataset_is_a_function_of_seed_epoch_index(tiny, tmp_path):
     from medclr.lm.eta import TABLE_COLUMNS, write_eta_table
     from medclr.data.text import sentence_hash
-    from training.config import load_config
-    from training.data import PairDataset, load_table
+    from medclr.training.config import load_config
+    from medclr.training.data import PairDataset, load_table
 
     manifest, _ = tiny
     sents = FINDING + NORMAL + [FINDING[0]]  # repeated sentences: the table has one row per distinct sentence
@@ -321,8 +321,8 @@ def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head)
 def test_missing_text_model_and_existing_run_are_refused(tiny, tmp_path):
     import shutil
 
-    from training.config import load_config
-    from training.loop import preflight
+    from medclr.training.config import load_config
+    from medclr.training.loop import preflight
 
     manifest, lm = tiny
     common = [*TINY, "train.batch_size=8", f"out={tmp_path / 'o'}"]

@@ -11,7 +11,7 @@ import argparse
 import json
 import logging
 
-from training.config import available_configs, load_config
+from medclr.training.config import available_configs, load_config
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +31,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.print_config:
-        from training.config import dump_yaml
+        from medclr.training.config import dump_yaml
 
         print(dump_yaml(cfg), end="")
         return 0
-    from training.loop import train  # torch and the models load only now
+    from medclr.training.loop import train  # torch and the models load only now
 
     summary = train(cfg, resume=args.resume)
-    from training.distributed import env_world
+    from medclr.training.distributed import env_world
 
     if env_world()[0] == 0:
         print(json.dumps({"train": summary}, default=str))

@@ -216,7 +216,7 @@ def validate(cfg: dict) -> dict:
     _positive_int(cfg, "optim.warmup_steps", minimum=0)
     if cfg["data"]["crop"] > cfg["data"]["resize"]:
         raise MedclrError(f"config data.crop {cfg['data']['crop']} is larger than data.resize {cfg['data']['resize']}")
-    from training.data import cache_mode
+    from medclr.training.data import cache_mode
 
     cfg["data"]["cache"] = cache_mode(cfg["data"]["cache"])
     if cfg["data"]["cache_dtype"] not in ("uint8", "float16", "float32"):

@@ -106,7 +106,7 @@ class Validator:
 
     def _dataset(self):
         if self.ds is None and self.unavailable is None:
-            from training.data import PairDataset, load_table
+            from medclr.training.data import PairDataset, load_table
 
             try:
                 table = load_table(self.cfg, split=self.cfg["data"]["val_split"], eta=False)
@@ -164,7 +164,7 @@ class Validator:
         if labels is None:
             return None
         try:
-            from evaluation.zeroshot import PAPER_PROMPTS
+            from medclr.evaluation.zeroshot import PAPER_PROMPTS
         except ImportError:
             return None
         from medclr.data.labels import CHEX5
@@ -190,14 +190,14 @@ class Validator:
         res: dict = {"val/pos_cosine": float(np.mean(np.diag(scores))),
                      "val/neg_cosine": float((scores.sum() - np.trace(scores)) / max(1, scores.size - len(scores)))}
         try:
-            from evaluation.retrieval import retrieval_metrics
+            from medclr.evaluation.retrieval import retrieval_metrics
 
             r = retrieval_metrics(scores, ks=(1, 5, 10))
             res.update({f"val/i2t_{k}": float(v) for k, v in r.items()})
         except ImportError:
             pass
         if s_pos is not None:
-            from evaluation.zeroshot import zero_shot_metrics
+            from medclr.evaluation.zeroshot import zero_shot_metrics
             from medclr.data.labels import CHEX5
 
             m = zero_shot_metrics(s_pos, s_neg, table.labels, classes=CHEX5, n_boot=0)

@@ -32,14 +32,14 @@ from torch import nn
 from medclr.errors import MedclrError
 from medclr.losses.distributed import score_blocks
 from medclr.losses.hard_negatives import hard_negative_term
-from training import checkpoint as ckpt_mod
-from training.budget import StepBudget
-from training.config import dump_yaml, loss_kwargs, needs_num_samples
-from training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table
-from training.distributed import DistEnv, all_reduce_mean, average_grads, barrier, broadcast_object, cleanup, env_world, setup
-from training.hooks import MetricsLogger, Validator
-from training.optim import WarmupCosine, build_optimizer, param_groups, zeta_lr_at
-from training.sampler import GlobalBatchSampler
+from medclr.training import checkpoint as ckpt_mod
+from medclr.training.budget import StepBudget
+from medclr.training.config import dump_yaml, loss_kwargs, needs_num_samples
+from medclr.training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table
+from medclr.training.distributed import DistEnv, all_reduce_mean, average_grads, barrier, broadcast_object, cleanup, env_world, setup
+from medclr.training.hooks import MetricsLogger, Validator
+from medclr.training.optim import WarmupCosine, build_optimizer, param_groups, zeta_lr_at
+from medclr.training.sampler import GlobalBatchSampler
 
 log = logging.getLogger(__name__)
 

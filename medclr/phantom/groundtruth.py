@@ -33,7 +33,7 @@ def attach_ground_truth(manifest: pd.DataFrame, source: str | os.PathLike, *,
 
     The one join of a phantom's ground truth, used by ``medclr prepare`` (the defaults), ``medclr lm
     calibrate`` (``medclr.lm.calibrate.attach_ground_truth``) and ``medclr eval``
-    (``evaluation.data.attach_ground_truth``); their differences are the parameters:
+    (``medclr.evaluation.data.attach_ground_truth``); their differences are the parameters:
 
     * ``source``: a folder written by ``medclr phantom`` (its ``phantom_ground_truth.parquet``) or
       that table itself;
