@@ -278,7 +278,7 @@ def test_folder_goes_on_normal_exit_and_a_killed_process_folder_at_next_start(tm
     mine.mkdir()
     other = base / "unrelated"
     other.mkdir()
-    code = "from app import tempdir; print(tempdir.private_temp_dir(), flush=True)"
+    code = "from medclr.app import tempdir; print(tempdir.private_temp_dir(), flush=True)"
     out = subprocess.run([sys.executable, "-c", code], env=_env(base), capture_output=True, text=True, timeout=120,
                          cwd=REPO)
     assert out.returncode == 0, out.stderr
