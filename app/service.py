@@ -73,6 +73,24 @@ def _code_string(value: object) -> str:
 
 ACCEPTED = "a DICOM (.dcm), PNG or JPEG chest radiograph"
 
+# Input caps for every text and number an endpoint takes (docs/app.md, "Input limits"). A report
+# sentence or a finding is far shorter than 1,000 characters; the text encoder reads at most its
+# position limit of tokens anyway, so a longer input only costs time and memory (and log space).
+MAX_TEXT_CHARS = 1_000
+MAX_RESULTS = 24  # k of the retrieval endpoints: 1..MAX_RESULTS (the page's slider has the same range)
+SCALES = ("absolute", "relative")
+
+
+def check_text(text: object, noun: str, empty: str) -> str:
+    """A non-empty text of at most MAX_TEXT_CHARS characters, else one clear line (``empty`` when blank)."""
+    if text is None or not str(text).strip():
+        raise MedclrError(empty)
+    text = str(text)
+    if len(text) > MAX_TEXT_CHARS:
+        raise MedclrError(f"the {noun} is {len(text):,} characters long, over the limit of {MAX_TEXT_CHARS:,}; "
+                          "please shorten it")
+    return text
+
 
 @dataclass
 class Upload:
@@ -224,19 +242,19 @@ class AppService:
 
     def ground(self, path: str | None, phrase: str | None, scale: str = "absolute") -> tuple[np.ndarray, str]:
         """(overlay H x W x 3 uint8 at display size, a one-line legend)."""
-        if phrase is None or not str(phrase).strip():
-            raise MedclrError("please type a phrase to ground, e.g. 'small left pleural effusion'")
-        if len(phrase) > 500:
-            raise MedclrError("the phrase is longer than 500 characters; please shorten it")
+        phrase = check_text(phrase, "phrase", "please type a phrase to ground, e.g. 'small left pleural effusion'")
+        scale = "absolute" if scale is None else scale
+        if scale not in SCALES:
+            raise MedclrError("the colour scale must be 'absolute' or 'relative'")
         up = self.upload(path)
-        grid = self.engine.ground_grid(up.encoded, str(phrase), sigma=self.smoothing)
+        grid = self.engine.ground_grid(up.encoded, phrase, sigma=self.smoothing)
         if not has_localised_signal(grid):
             return render.to_uint8(up.display), (
                 f"The model shows no localised signal for this phrase: its region scores span only "
                 f"{map_range(grid):.3f} (a localised match spans at least {MIN_MAP_RANGE:.2f}), so no heatmap is drawn.")
         geo = up.encoded.geometry.resized(*up.display.shape)
         heat = geo.to_original(grid, "bilinear")
-        img, info = render.overlay(up.display, heat, scale="relative" if scale == "relative" else "absolute")
+        img, info = render.overlay(up.display, heat, scale=scale)
         legend = (f"cosine similarity in [{info['min']:.3f}, {info['max']:.3f}]; colours span "
                   f"[{info['lo']:.3f}, {info['hi']:.3f}] (blue low, red high); contours at "
                   + ", ".join(f"{v:.3f}" for v in info["levels"]) + "; outside the model's centre crop: no colour")
@@ -270,16 +288,17 @@ class AppService:
 
     def retrieve_by_image(self, path: str | None, k: int = 8) -> list[tuple[np.ndarray, str]]:
         index = self._need_index()
+        k = _k(k)
         up = self.upload(path)
         query = up.encoded.features.global_emb.float().cpu().numpy()
-        return self._gallery(index.search_images(query, _k(k))[0])
+        return self._gallery(index.search_images(query, k)[0])
 
     def retrieve_by_text(self, text: str | None, k: int = 8) -> list[tuple[np.ndarray, str]]:
         index = self._need_index()
-        if text is None or not str(text).strip():
-            raise MedclrError("please type a description to search for, e.g. 'right pneumothorax'")
+        text = check_text(text, "description", "please type a description to search for, e.g. 'right pneumothorax'")
+        k = _k(k)
         # ranked (and scored) by the checkpoint's head: LSE+NL re-ranks faiss's global-cosine candidates
-        return self._gallery(index.search_images_by_text(self.engine.embed_texts([str(text)]), _k(k))[0])
+        return self._gallery(index.search_images_by_text(self.engine.embed_texts([text]), k)[0])
 
     def report_sentences(self, manifest_index: int) -> list[str]:
         index = self._need_index()
@@ -289,9 +308,7 @@ class AppService:
     # -- inspector ------------------------------------------------------------------------------------
     def inspect(self, sentence: str | None) -> dict[str, Any]:
         """eta_LM of a report sentence and the NUCLR popularity zeta of the reports that hold it."""
-        if sentence is None or not str(sentence).strip():
-            raise MedclrError("please type or pick a report sentence to inspect")
-        s = " ".join(str(sentence).split())
+        s = " ".join(check_text(sentence, "sentence", "please type or pick a report sentence to inspect").split())
         stats = self.engine.stats
         out: dict[str, Any] = {"sentence": s}
         out["eta_LM"] = stats.eta(s) if stats.has_eta else None
@@ -322,8 +339,14 @@ class AppService:
 
 
 def _k(k) -> int:
+    """The number of results: a whole number 1..MAX_RESULTS, else one clear line."""
+    msg = f"the number of results must be a whole number from 1 to {MAX_RESULTS}"
+    if isinstance(k, bool):
+        raise MedclrError(msg)
     try:
-        k = int(k)
-    except (TypeError, ValueError):
-        raise MedclrError("the number of results must be a whole number") from None
-    return max(1, min(k, 50))
+        value = float(k)
+    except (TypeError, ValueError, OverflowError):
+        raise MedclrError(msg) from None
+    if not (value.is_integer() and 1 <= value <= MAX_RESULTS):
+        raise MedclrError(msg)
+    return int(value)

@@ -14,7 +14,9 @@ once read, results are written under fresh names there, uploads are never served
 when the process ends. The upload control is a button that never shows the uploaded file's name (it may
 hold a patient's name; Gradio's ``gr.File`` box always shows it). Gradio's run history is off.
 
-Every handler turns a ``MedclrError`` into a ``gr.Error`` with its one clear message; anything else
+Inputs are capped: every text at ``MAX_TEXT_CHARS`` (1,000) characters, k at 1..``MAX_RESULTS``, the colour
+scale at its two values, each refused with one line by the service (the text boxes also stop typing at the
+cap). Every handler turns a ``MedclrError`` into a ``gr.Error`` with its one clear message; anything else
 becomes a short "internal error" message (the server log keeps the traceback, without file names).
 All model events share one queue slot (``concurrency_id="model"``): on a CPU one forward at a time
 is fastest, and the queue orders the rest.
@@ -36,7 +38,7 @@ tempdir.private_temp_dir()  # sets GRADIO_TEMP_DIR before gradio is imported
 import gradio as gr  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 
-from medclr.app.service import AppService  # noqa: E402
+from medclr.app.service import MAX_RESULTS, MAX_TEXT_CHARS, AppService, check_text  # noqa: E402
 from medclr.errors import MedclrError  # noqa: E402
 
 log = logging.getLogger("medclr.app")
@@ -78,6 +80,10 @@ def _safe(name: str):
     return deco
 
 
+def _as_sent(payload):
+    return payload
+
+
 def _png(image, stem: str) -> str:
     return render.save_png(image, tempdir.results_dir(), stem)
 
@@ -116,6 +122,10 @@ def build_blocks(service: AppService) -> gr.Blocks:
     def inspect_sentence(sentence):
         return service.inspect(sentence)
 
+    @_safe("sentence")
+    def pick_sentence(text):
+        return check_text(text, "sentence", "") if text and str(text).strip() else ""
+
     @_safe("report")
     def pick_study(gallery, evt: gr.SelectData):
         return gr.update(**_study_sentences(service, gallery, evt.index, evt.value))
@@ -136,7 +146,8 @@ def build_blocks(service: AppService) -> gr.Blocks:
             with gr.Column(scale=3):
                 label = gr.Label(num_top_classes=5, label="CheX5 zero-shot probability", elem_id="findings",
                                  show_heading=False)
-                phrase = gr.Textbox(label="Phrase to ground", value="pleural effusion", elem_id="phrase")
+                phrase = gr.Textbox(label="Phrase to ground", value="pleural effusion", elem_id="phrase",
+                                    max_length=MAX_TEXT_CHARS)
                 with gr.Row():
                     scale = gr.Radio(["absolute", "relative"], value="absolute", label="Colour scale", scale=2)
                     ground_btn = gr.Button("Show heatmap", elem_id="ground_btn", scale=1)
@@ -149,13 +160,14 @@ def build_blocks(service: AppService) -> gr.Blocks:
                                  interactive=False, elem_id="prompts", show_label=False)
         with gr.Tab("Similar studies", interactive=has_index):
             with gr.Row():
-                k = gr.Slider(1, 24, value=8, step=1, label="Number of results", scale=3)
+                k = gr.Slider(1, MAX_RESULTS, value=8, step=1, label="Number of results", scale=3)
                 similar_btn = gr.Button("Find studies like the uploaded image", elem_id="similar_btn", scale=2)
             similar = gr.Gallery(label="Similar studies (click one to inspect its sentences)", columns=6,
                                  height=360, elem_id="similar", format="png")
         with gr.Tab("Images for a text", interactive=has_index):
             with gr.Row():
-                query = gr.Textbox(label="Describe a finding", placeholder="e.g. right pneumothorax", scale=4)
+                query = gr.Textbox(label="Describe a finding", placeholder="e.g. right pneumothorax", scale=4,
+                                   max_length=MAX_TEXT_CHARS)
                 text_btn = gr.Button("Search", scale=1)
             by_text = gr.Gallery(label="Images for the text", columns=6, height=360, elem_id="by_text",
                                  format="png")
@@ -165,10 +177,14 @@ def build_blocks(service: AppService) -> gr.Blocks:
             with gr.Row():
                 pick = gr.Dropdown(label="Sentences of the study picked in the gallery", choices=[],
                                    allow_custom_value=True, scale=2)
-                sentence = gr.Textbox(label="Sentence", elem_id="sentence", scale=3)
+                sentence = gr.Textbox(label="Sentence", elem_id="sentence", scale=3, max_length=MAX_TEXT_CHARS)
                 inspect_btn = gr.Button("Inspect", scale=1)
             inspected = gr.JSON(label="Sentence statistics")
 
+        # k and the colour scale reach the service as sent, which refuses a bad value with one line
+        # (Gradio's own range / choice check raises inside its preprocessing and logs a traceback)
+        for component in (k, scale):
+            component.preprocess = _as_sent
         model_events = {"concurrency_id": "model", "concurrency_limit": 1}
         # a new upload first blanks everything shown for the previous one (another patient's, perhaps)
         upload.upload(lambda: (None, "", None, None, None, ""), None, [shown, facts, label, table, heat, legend],
@@ -188,7 +204,7 @@ def build_blocks(service: AppService) -> gr.Blocks:
         query.submit(retrieve_by_text, [query, k], by_text, api_name="_query_submit", api_visibility="private",
                      **model_events)
         similar.select(pick_study, similar, pick, api_name="_pick_study", api_visibility="private")
-        pick.change(lambda s: s or "", pick, sentence, api_name="_pick_sentence", api_visibility="private",
+        pick.change(pick_sentence, pick, sentence, api_name="_pick_sentence", api_visibility="private",
                     queue=False)
         inspect_btn.click(inspect_sentence, sentence, inspected, api_name="inspect_sentence", **model_events)
         sentence.submit(inspect_sentence, sentence, inspected, api_name="_sentence_submit", api_visibility="private",

@@ -292,3 +292,30 @@ def test_gallery_pick_lists_the_report_sentences(server, app_assets):  # noqa: F
     assert _study_sentences(server[1], gallery, 1, None) == {"choices": sents, "value": sents[0]}
     assert _study_sentences(server[1], None, 0, {"caption": "1.000 · #11 · y"})["choices"] == sents
     assert _study_sentences(server[1], gallery, 5, None) == {}
+
+
+def test_text_and_number_inputs_are_capped(client, caplog):
+    """Every text an endpoint takes is refused over MAX_TEXT_CHARS, k outside 1..MAX_RESULTS or not a whole
+    number, the colour scale outside its two values: one clear line each, and no traceback in the log."""
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    from medclr.app.service import MAX_RESULTS, MAX_TEXT_CHARS
+
+    caplog.set_level(logging.DEBUG)
+    long = "effusion " * (MAX_TEXT_CHARS // 9 + 1)
+    png = handle_file(rg1_path())
+    calls = [((png, long, "absolute"), "/ground", "phrase is"), ((long, 3), "/retrieve_by_text", "description is"),
+             ((long,), "/inspect_sentence", "sentence is")]
+    for k in (0, MAX_RESULTS + 1, 2.5, "abc", -1e308):
+        calls += [(("effusion", k), "/retrieve_by_text", f"whole number from 1 to {MAX_RESULTS}"),
+                  ((png, k), "/retrieve_by_image", f"whole number from 1 to {MAX_RESULTS}")]
+    calls.append(((png, "effusion", "sideways"), "/ground", "'absolute' or 'relative'"))
+    for args, api, needle in calls:
+        with pytest.raises(AppError) as err:
+            client.predict(*args, api_name=api)
+        msg = str(err.value)
+        assert needle in msg and "\n" not in msg and len(msg) < 200, (api, args[1:], msg)
+    # at the cap itself: served
+    assert client.predict("e" * MAX_TEXT_CHARS, MAX_RESULTS, api_name="/retrieve_by_text")
+    assert "Traceback" not in caplog.text
