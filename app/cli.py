@@ -20,9 +20,12 @@ EPILOG = """examples:
   medclr app --checkpoint run/checkpoint --index run/index             # http://127.0.0.1:7860
   medclr app --checkpoint C --index DIR --port 8080 --auth-file users.txt
   MEDCLR_APP_AUTH=alice:s3cret medclr app --checkpoint C --index DIR   # one user from the environment
+  medclr app --checkpoint C --index DIR --host 0.0.0.0 --allowed-hosts cxr-ws01 --auth-file users.txt
 
 The app binds 127.0.0.1 (this machine only) unless --host says otherwise; it is never shared through
-a public Gradio link, and sends no telemetry. Named API endpoints for gradio_client: /preview,
+a public Gradio link, and sends no telemetry. It answers only requests addressed to localhost, the
+bound address or an --allowed-hosts name, and refuses cross-origin requests (DNS rebinding, other
+sites' pages: see docs/app.md). Named API endpoints for gradio_client: /preview,
 /zero_shot, /ground, /retrieve_by_image, /retrieve_by_text, /inspect_sentence (see docs/app.md)."""
 
 
@@ -33,6 +36,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", metavar="DIR", help="retrieval index from `medclr index build` (same checkpoint)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes "
                         "the app to the network: use --auth)")
+    parser.add_argument("--allowed-hosts", action="append", metavar="NAME[,NAME]", help="host names the app is "
+                        "reached under besides localhost and the bound address (e.g. the machine's name, or a "
+                        "reverse proxy's public name); requests whose Host header names anything else are refused "
+                        "(DNS rebinding). Repeatable or comma-separated; * turns the Host check off")
     parser.add_argument("--port", type=int, default=7860, help="port (default 7860; 0 = first free port)")
     parser.add_argument("--auth", metavar="USER:PASSWORD", help="require this login (prefer --auth-file or "
                         "MEDCLR_APP_AUTH: command lines are visible to other users)")
@@ -89,10 +96,16 @@ def run(args: argparse.Namespace) -> int:
     if args.index and not Path(args.index).is_dir():
         raise MedclrError(f"--index {args.index!r}: no such directory (build one with `medclr index build`)")
     auth = parse_auth(args.auth, args.auth_file)
+    from medclr.app.hosts import WILDCARD_BINDS, parse_allowed_hosts
+
+    allowed_hosts = parse_allowed_hosts(getattr(args, "allowed_hosts", None))
     if args.host not in ("127.0.0.1", "localhost", "::1") and not auth:
         log.warning("app: binding %s without --auth: anyone who can reach this machine can use the app", args.host)
     if not re.fullmatch(r"[\w.:\-\[\]]+", args.host):
         raise MedclrError(f"--host {args.host!r}: expected an IP address or host name")
+    if args.host in WILDCARD_BINDS and not allowed_hosts:
+        log.warning("app: bound to every interface: it answers requests addressed to an IP address or localhost; "
+                    "give the names it is reached under with --allowed-hosts")
     from medclr.app import tempdir
 
     # SIGTERM/SIGHUP end the process through `finally` and atexit (their default action skips both), so
@@ -118,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
           f"temporary files in {tempdir.private_temp_dir()} (removed on exit)", flush=True)
     try:
         launch(demo, host=args.host, port=args.port or None, auth=auth, max_file_size=_mb(args.max_upload_mb),
-               queue_size=args.queue_size, block=True, keep_minutes=args.keep_minutes)
+               queue_size=args.queue_size, block=True, keep_minutes=args.keep_minutes, allowed_hosts=allowed_hosts)
     finally:
         demo.close(verbose=False)  # no request can write into the folder once it is gone
         tempdir.remove_private_temp_dir()

@@ -29,7 +29,7 @@ import logging
 import os
 import traceback
 
-from medclr.app import render, tempdir
+from medclr.app import hosts, render, tempdir
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # before gradio is imported: no telemetry, no version check
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -230,17 +230,21 @@ def _study_sentences(service: AppService, gallery, index, value) -> dict:
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = 7860, auth=None,
-           max_file_size: str | int = "64mb", queue_size: int = 32, block: bool = True, keep_minutes: float = 30.0):
+           max_file_size: str | int = "64mb", queue_size: int = 32, block: bool = True, keep_minutes: float = 30.0,
+           allowed_hosts: list[str] | None = None):
     """Queue for a CPU server, then serve (share=False always). Returns (app, local_url).
 
     Files in the private temp folder older than ``keep_minutes`` are removed once a minute; the
     run history (which keeps inputs and outputs in the browser, or in a Hugging Face bucket a user
-    connects) is off."""
+    connects) is off. Requests for another Host than localhost / the bound address / ``allowed_hosts``,
+    cross-origin requests and oversized bodies are refused (``medclr.app.hosts.HostOriginPolicy``)."""
     tempdir.start_sweeper(keep_minutes * 60.0)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     app, url, _ = demo.launch(server_name=host, server_port=port, share=False, auth=auth,
                               max_file_size=max_file_size, prevent_thread_lock=not block, quiet=True,
                               show_error=False, css=CSS, footer_links=[], ssr_mode=False, mcp_server=False,
                               inbrowser=False, run_history=False,
-                              app_kwargs={"middleware": [Middleware(tempdir.RefuseUploadDownloads)]})
+                              app_kwargs={"middleware": [
+                                  Middleware(hosts.HostOriginPolicy, bound=host, allowed_hosts=allowed_hosts),
+                                  Middleware(tempdir.RefuseUploadDownloads)]})
     return app, url
