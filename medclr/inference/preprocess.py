@@ -24,6 +24,7 @@ import torch
 from medclr.errors import MedclrError
 from medclr.geometry import CropGeometry, centre_crop, resize_shorter_side
 from medclr.io import MAX_PIXELS, read_header, read_image
+from medclr.io.limits import MIN_SIDE, image_problem  # noqa: F401 - MIN_SIDE re-exported
 
 DEFAULT_IMAGE_SIZE = 224
 
@@ -44,11 +45,6 @@ class Preprocess:
         return int(self.resize or self.image_size)
 
 
-# The smallest side an input may have: below it an "image" (1x1, 2x500, 16384x3) carries no anatomy,
-# and resizing it up would give the model a smear to score with confident-looking percentages.
-MIN_SIDE = 32
-
-
 def preprocess_image(image: np.ndarray, pre: Preprocess = Preprocess()) -> tuple[torch.Tensor, CropGeometry]:
     """H x W float image in [0, 1] -> (1 x C x C float32 tensor, its crop geometry).
 
@@ -59,12 +55,9 @@ def preprocess_image(image: np.ndarray, pre: Preprocess = Preprocess()) -> tuple
     arr = np.asarray(image, dtype=np.float32)
     if arr.ndim != 2 or min(arr.shape) < 1:
         raise MedclrError(f"image: expected a 2-D grey array, got shape {arr.shape}")
-    if min(arr.shape) < MIN_SIDE:
-        raise MedclrError(f"image: {arr.shape[1]}x{arr.shape[0]} pixels is not a radiograph (each side must be at "
-                          f"least {MIN_SIDE} px); nothing was scored")
-    if not np.isfinite(arr).all():
-        raise MedclrError("image: it holds NaN or infinite pixel values (a float image without a valid range?); "
-                          "nothing was scored")
+    problem = image_problem(arr)
+    if problem:
+        raise MedclrError(f"image: {problem}; nothing was scored")
     r, c = pre.resize_to, int(pre.image_size)
     t = centre_crop(resize_shorter_side(torch.from_numpy(np.ascontiguousarray(arr))[None], r), c)
     return t.clamp_(0.0, 1.0).contiguous(), CropGeometry.from_resize_crop(arr.shape, r, c)

@@ -8,7 +8,9 @@ import json
 import numpy as np
 from PIL import Image
 
+from medclr.errors import MedclrError
 from medclr.io import read_header, read_image
+from medclr.io.limits import image_problem  # the check every scoring path makes
 
 EPILOG = """examples:
   medclr inspect scan.dcm                 # view, size, spacing, photometric; never patient identifiers
@@ -26,6 +28,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     header = read_header(args.image)
     image = read_image(args.image)
+    problem = image_problem(image)
+    if problem:
+        raise MedclrError(f"{args.image}: {problem}")
     header.update({"decoded_shape": list(image.shape), "mean_intensity": round(float(image.mean()), 4)})
     print(json.dumps(header, indent=2))
     if args.png:

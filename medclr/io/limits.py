@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from medclr.errors import ImageReadError
 
 # A large detector is ~4300x3500 (15 Mpx); 50 Mpx leaves room and stops bombs.
@@ -17,3 +19,20 @@ def check_size(path, height: int, width: int, max_pixels: int = MAX_PIXELS) -> N
             f"{path}: image is {width}x{height} pixels, over the limit of {max_pixels:,} pixels "
             f"(side <= {MAX_SIDE}); downsample it first"
         )
+
+
+# The smallest side an input may have: below it an "image" (1x1, 2x500, 16384x3) carries no anatomy,
+# and resizing it up would give the model a smear to score with confident-looking percentages.
+MIN_SIDE = 32
+
+
+def image_problem(arr: np.ndarray) -> str | None:
+    """Why a decoded H x W image cannot be a radiograph (one line, no file name), or None: a side under
+    MIN_SIDE, NaN or infinite pixels. Every path that reads images checks it: the app, ``medclr inspect``,
+    ``medclr score`` and evaluation (through ``medclr.inference.preprocess_image``)."""
+    if min(arr.shape) < MIN_SIDE:
+        return (f"{arr.shape[1]}x{arr.shape[0]} pixels is not a radiograph (each side must be at least "
+                f"{MIN_SIDE} px)")
+    if not np.isfinite(arr).all():
+        return "it holds NaN or infinite pixel values (a float image without a valid range?)"
+    return None
