@@ -192,3 +192,37 @@ def test_header_cautions_when_it_may_not_be_a_chest_radiograph(tmp_path):
     assert not any(c in crafted for c in "<>[]()") and "http" not in crafted
     Image.fromarray(np.zeros((40, 40), np.uint8)).save(tmp_path / "x.png")
     assert read_header(tmp_path / "x.png")["caution"] == ""  # a raster has no header to go by
+
+
+def test_float_image_with_nan_or_inf_is_refused_not_zeroed(tmp_path):
+    """A float TIFF with NaN used to min-max to NaN bounds and come out all zero: a black image, scored."""
+    for bad in (np.nan, np.inf):
+        arr = np.linspace(0, 1000, 64 * 64, dtype=np.float32).reshape(64, 64)
+        arr[3, 3] = bad
+        Image.fromarray(arr, mode="F").save(tmp_path / "f.tif")
+        with pytest.raises(ImageReadError, match="NaN or infinite"):
+            read_image(tmp_path / "f.tif")
+
+
+def test_png_whose_header_claims_gigapixels_gets_one_line_from_the_header_reader(tmp_path):
+    """Over twice PIL's bomb limit PIL refuses to open the file at all; read_header used to let that escape
+    (a traceback from `medclr inspect`), and warned on stderr below it."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    for side, needle in ((60_000, "decompression bomb"), (12_000, None)):
+        path = tmp_path / f"{side}.png"
+        path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+                         + chunk(b"IDAT", zlib.compress(b"\0" * (side + 1))) + chunk(b"IEND", b""))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no bomb warning either
+            if needle:
+                with pytest.raises(ImageReadError, match=needle):
+                    read_header(path)
+            else:
+                assert read_header(path)["columns"] == side
+        with pytest.raises(ImageReadError, match="decompression bomb|over the limit"):
+            read_image(path)

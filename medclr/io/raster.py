@@ -17,10 +17,15 @@ def read_raster_size(path: str | Path) -> tuple[int, int]:
     """(height, width) from the header alone."""
     path = Path(path)
     try:
-        with Image.open(path) as img:
-            return img.height, img.width
+        with warnings.catch_warnings():
+            # a size is all we want here: PIL's bomb warning would be a second line on stderr
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                return img.height, img.width
     except FileNotFoundError:
         raise ImageReadError(f"{path}: file not found") from None
+    except Image.DecompressionBombError as exc:  # over twice PIL's limit: PIL refuses to open it at all
+        raise ImageReadError(f"{path}: refused as a decompression bomb ({exc})") from None
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise ImageReadError(f"{path}: not a readable PNG/JPEG image ({exc})") from None
 
@@ -43,6 +48,9 @@ def read_raster(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
                     arr = raw / (65535.0 if raw.max() <= 65535 else float(raw.max()))
                 elif mode == "F":
                     raw = np.asarray(img, dtype=np.float32)
+                    if not np.isfinite(raw).all():  # min/max would be NaN, and the image silently all zero
+                        raise ImageReadError(f"{path}: it holds NaN or infinite pixel values (a float image "
+                                             "without a valid range?)")
                     lo, hi = float(raw.min()), float(raw.max())
                     arr = (raw - lo) / (hi - lo) if hi > lo else np.zeros_like(raw)
                 elif mode in ("L", "1"):
