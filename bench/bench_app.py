@@ -16,7 +16,14 @@ decode and the image forward are counted every time):
   (upload + /zero_shot, upload + /ground);
 * a breakdown of the service path (decode / encode / zero-shot / ground+render).
 
+``--clients C --requests R`` instead runs C concurrent gradio_client clients (one thread and one
+``Client`` each) sending R ``/ground`` requests each against the real server: every request uploads a
+DICOM of its own (RG1 with a different last pixel, so each is decoded and encoded, none answered from
+the app's cache), and the JSON lines give errors, the per-request latency p50/p95/max (upload + queue wait +
+decode + forward + heatmap) and the throughput.
+
     OMP_NUM_THREADS=2 python bench/bench_app.py [--models small biovil] [--runs 10]
+    OMP_NUM_THREADS=2 python bench/bench_app.py --models small --clients 8 --requests 10
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ def build_checkpoint(name: str, root: Path) -> Path:
     BertForMaskedLM(cfg).save_pretrained(text)
     model = build_dual_encoder(text, arch=spec["arch"], joint_dim=spec["joint_dim"], head="lse_nl",
                                image_pretrained="none", projector=spec["projector"])
+    model.head.trained = True  # random weights stand for trained ones (an untrained head is refused at load)
     model.save_pretrained(out)
     write_preprocess(out, spec["image_size"], spec["resize"])
     return out
@@ -92,11 +100,64 @@ def _upload(url: str, path: str) -> dict:
     return {"path": r.json()[0], "meta": {"_type": "gradio.FileData"}, "orig_name": Path(path).name}
 
 
+def concurrent_ground(url: str, rg1: str, workdir: Path, clients: int, requests: int, tag: dict) -> None:
+    """``clients`` gradio_client clients x ``requests`` /ground requests each, all at once."""
+    import threading
+
+    from gradio_client import Client, handle_file
+
+    data = Path(rg1).read_bytes()  # uncompressed: its last two bytes are the bottom-right pixel
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    start_gate = threading.Barrier(clients)
+
+    def client_loop(c: int) -> None:
+        client = Client(url, verbose=False, analytics_enabled=False, download_files=False)
+        path = workdir / f"client{c}.dcm"
+        start_gate.wait()
+        for r in range(requests):
+            n = c * requests + r + 1
+            path.write_bytes(data[:-2] + n.to_bytes(2, "little"))  # another file: no cache hit
+            t0 = time.perf_counter()
+            try:
+                image, legend = client.predict(handle_file(path), "left pleural effusion", "absolute",
+                                               api_name="/ground")
+                ok = bool(image) and "cosine" in legend
+                err = None if ok else f"unexpected reply: {legend[:80]!r}"
+            except Exception as exc:  # noqa: BLE001 - counted, the run goes on
+                err = f"{type(exc).__name__}: {str(exc)[:120]}"
+            dt = time.perf_counter() - t0
+            with lock:
+                (errors.append(err) if err else latencies.append(dt))
+
+    threads = [threading.Thread(target=client_loop, args=(c,)) for c in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    extra = {**tag, "clients": clients, "requests_per_client": requests}
+    emit("app_concurrent", "ground_requests", clients * requests, "requests", **extra)
+    emit("app_concurrent", "ground_errors", len(errors), "requests", vs="goal 0", **extra,
+         first_errors=errors[:3])
+    if latencies:
+        for q in (50, 95):
+            emit("app_concurrent", f"ground_latency_p{q}", round(float(np.percentile(latencies, q)), 3), "s", **extra)
+        emit("app_concurrent", "ground_latency_max", round(max(latencies), 3), "s", **extra)
+    emit("app_concurrent", "ground_throughput", round(len(latencies) / wall, 3), "requests/s", wall_s=round(wall, 1),
+         **extra)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["small", "biovil"], choices=list(MODELS))
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "medclr_bench")
+    ap.add_argument("--clients", type=int, default=0, help="concurrent gradio_client clients sending /ground "
+                    "(0: the latency benchmark instead)")
+    ap.add_argument("--requests", type=int, default=10, help="/ground requests per client (with --clients)")
     args = ap.parse_args()
     import torch
     from pydicom.data import get_testdata_file
@@ -114,6 +175,15 @@ def main() -> None:
         engine = load_checkpoint(build_checkpoint(name, args.workdir))
         service = AppService(engine, None)
         tag = {"model": name, "image_size": engine.preprocess.image_size, "threads": threads}
+        if args.clients > 0:
+            demo = build_blocks(service)
+            _, url = launch(demo, port=_free_port(), block=False)
+            try:
+                service.ground(rg1, "left pleural effusion")  # warm-up
+                concurrent_ground(url, rg1, args.workdir, args.clients, args.requests, tag)
+            finally:
+                demo.close()
+            continue
 
         def fresh():
             service._uploads.clear()
