@@ -118,8 +118,9 @@ class HostOriginPolicy:
         if host is None:
             return 403, self._say("host", headers.get("host", ""), "request refused: no valid Host header")
         if not self.host_allowed(host[0]):
-            return 403, self._say("host", host[0], f"request refused: this app does not serve the host {host[0][:100]!r} "
-                                  "(start it with --allowed-hosts NAME to serve a name other than localhost)")
+            return 403, self._say("host", host[0], "request refused: this app does not serve the host "
+                                  f"{host[0][:100]!r} (start it with --allowed-hosts NAME to serve a name other "
+                                  "than localhost)")
         origin = headers.get("origin")
         if origin is not None and not self.origin_allowed(origin, host):
             return 403, self._say("origin", origin, "request refused: cross-origin requests are not accepted "

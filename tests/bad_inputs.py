@@ -122,7 +122,8 @@ def write_corpus(folder: Path) -> list[Case]:
                 np.inf)
     # absurd sizes
     for w, h in ((1, 1), (2, 2), (1, 500), (16384, 3)):
-        add(f"{w}x{h}.png", "refused", TOO_SMALL, f"{w} x {h} px").write_bytes(_png_bytes(np.full((h, w), 128, np.uint8)))
+        tiny = np.full((h, w), 128, np.uint8)
+        add(f"{w}x{h}.png", "refused", TOO_SMALL, f"{w} x {h} px").write_bytes(_png_bytes(tiny))
     _png_bomb(add("bomb.png", "refused", ("over the limit",), "10,000 x 10,000 zero PNG (~100 kB, 100 Mpx)"))
     _png_bomb(add("bomb_header.png", "refused", ("over the limit", "decompression bomb"),
                   "a PNG whose header claims 60,000 x 60,000 px (3.6 Gpx; PIL refuses to open it)"), 60_000, rows=8)
