@@ -57,22 +57,22 @@ def run(args: argparse.Namespace) -> int:
         raise MedclrError(f"--out {args.out!r}: expected a path ending in .parquet")
     import torch
 
-    from medclr.app.scoring import ScoreOptions, score_tree, shutdown
+    from medclr.app.scoring import ScoreOptions, score_tree
+    from medclr.distributed import cleanup, env_world
     from medclr.inference import load_checkpoint
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    device = args.device
-    if device == "cuda" and "LOCAL_RANK" in os.environ:
-        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    rank, _, local_rank = env_world()
+    device = f"cuda:{local_rank}" if args.device == "cuda" else args.device  # one GPU per torchrun process
     engine = load_checkpoint(args.checkpoint, device=device)
     opts = ScoreOptions(batch_size=args.batch_size, workers=args.workers, embeddings=args.embeddings,
                         part_files=args.part_files, max_pixels=args.max_pixels, progress=not args.no_progress)
     try:
         stats = score_tree(engine, Path(args.input), Path(args.out), opts)
     finally:
-        shutdown()
-    if int(os.environ.get("RANK", 0)) == 0:
+        cleanup()
+    if rank == 0:
         merged = stats.get("merged", {})
         changed = f", {stats['changed']} changed since scored" if stats.get("changed") else ""
         print(f"scored {stats['scored']} files ({stats['errors']} unreadable, {stats['skipped_done']} already done"

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from medclr.distributed import env_world, init_group
 from medclr.errors import MedclrError
 from medclr.io import IMAGE_SUFFIXES
 from medclr.io.dicom import is_dicom
@@ -140,10 +141,6 @@ def _check_run(parts: Path, run: dict[str, Any]) -> None:
         os.replace(tmp, path)
 
 
-def _dist() -> tuple[int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
 def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike, opts: ScoreOptions = ScoreOptions()) -> dict[str, Any]:
     """Score every image under ``root`` into ``out`` (resumable). Returns counts for this process."""
     root, out = Path(root), Path(out)
@@ -151,7 +148,7 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike, opts: Sc
         raise MedclrError(f"--input {str(root)!r}: no such directory")
     if out.exists() and out.is_dir():
         raise MedclrError(f"--out {str(out)!r} is a directory; expected a .parquet file path")
-    rank, world = _dist()
+    rank, world, _ = env_world()
     parts = parts_dir(out)
     parts.mkdir(parents=True, exist_ok=True)
     classes = list(engine.prompt_embeddings())
@@ -202,7 +199,7 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
     if opts.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), unit="img", desc=f"scoring (rank {rank})" if _dist()[1] > 1 else "scoring")
+        bar = tqdm(total=len(todo), unit="img", desc=f"scoring (rank {rank})" if env_world()[1] > 1 else "scoring")
     pending: list[dict[str, Any]] = []
     counts = {"scored": 0, "errors": 0, "parts": 0}
     prompts = engine.prompt_embeddings()  # encode the prompts once, before the loop
@@ -302,12 +299,9 @@ def merge(out: Path, classes: list[str], embeddings: bool) -> dict[str, int]:
 def _init_group(world: int):
     if world <= 1:
         return None
-    import datetime
-
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=datetime.timedelta(hours=12))
+    init_group("gloo", timeout_s=12 * 3600.0)  # a barrier only: gloo also between GPU processes
     return dist.group.WORLD
 
 
@@ -318,6 +312,3 @@ def _barrier(group) -> None:
         dist.barrier(group=group)
 
 
-def shutdown() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()

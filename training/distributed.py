@@ -9,12 +9,12 @@ this module only starts/stops the process group and provides the few collectives
 
 from __future__ import annotations
 
-import datetime
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from medclr.distributed import cleanup, env_world, init_group  # noqa: F401 - re-exported for the loop
 
 
 @dataclass
@@ -31,12 +31,6 @@ class DistEnv:
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
-
-
-def env_world() -> tuple[int, int, int]:
-    """(rank, world size, local rank) as torchrun announces them; (0, 1, 0) otherwise."""
-    return (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-            int(os.environ.get("LOCAL_RANK", 0)))
 
 
 def pick_device(requested: str, local_rank: int) -> torch.device:
@@ -56,16 +50,10 @@ def setup(requested_device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     device = pick_device(requested_device, local)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
+    if world > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        init_group(backend, timeout_s, **({"device_id": device} if device.type == "cuda" else {}))
     return DistEnv(rank=rank, world_size=world, local_rank=local, device=device)
-
-
-def cleanup() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def barrier(env: DistEnv) -> None:
