@@ -35,12 +35,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
 from medclr.distributed import env_world, init_group
 from medclr.errors import MedclrError
 from medclr.io import IMAGE_SUFFIXES
 from medclr.io.dicom import is_dicom
+from medclr.files import atomic_path, write_text
 
 log = logging.getLogger("medclr.score")
 RUN_NAME = "run.json"
@@ -107,11 +107,8 @@ def done_set(latest: dict[str, tuple[int, tuple[int, int] | None]], prints: dict
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    pq.write_table(table, tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 @dataclass
@@ -136,9 +133,7 @@ def _check_run(parts: Path, run: dict[str, Any]) -> None:
                     f"{parts} holds a run with a different {key} ({before.get(key)!r} vs {run.get(key)!r}); "
                     "use another --out, or delete that folder to start over")
     else:
-        tmp = path.with_name(RUN_NAME + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(run, indent=2, sort_keys=True))
-        os.replace(tmp, path)
+        write_text(path, json.dumps(run, indent=2, sort_keys=True))
 
 
 def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike, opts: ScoreOptions = ScoreOptions()) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from medclr.data.labels import CHEXPERT_LABELS
 from medclr.errors import MedclrError
+from medclr.files import atomic_path
 
 BASE_COLUMNS: tuple[str, ...] = (
     "index",
@@ -69,9 +70,8 @@ def write_manifest(df: pd.DataFrame, path: str | os.PathLike, root: str | os.Pat
     meta = dict(table.schema.metadata or {})
     meta[_META_KEY] = json.dumps({"root": str(Path(root).resolve()) if root else "", "version": 1}).encode()
     table = table.replace_schema_metadata(meta)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
     return path
 
 

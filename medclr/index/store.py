@@ -42,6 +42,7 @@ import pandas as pd
 
 from medclr.errors import MedclrError
 from medclr.index.vectors import EXACT_MAX, VectorIndex, choose_kind, normalized
+from medclr.files import write_text
 
 log = logging.getLogger(__name__)
 
@@ -333,11 +334,7 @@ def _write_version(directory: Path, meta: dict[str, Any], images: VectorIndex, s
             os.fsync(fh.fileno())
     os.replace(tmp, directory / name)
     meta = dict(meta, data=name, updated=_now())
-    mtmp = directory / (MANIFEST_NAME + ".tmp")
-    mtmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
-    with open(mtmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(mtmp, directory / MANIFEST_NAME)
+    write_text(directory / MANIFEST_NAME, json.dumps(meta, indent=2, sort_keys=True))
     if old and old != name:
         shutil.rmtree(directory / old, ignore_errors=True)
 

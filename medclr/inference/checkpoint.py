@@ -23,6 +23,7 @@ import torch
 from medclr.errors import MedclrError
 from medclr.inference.preprocess import DEFAULT_IMAGE_SIZE, Preprocess
 from medclr.models.dual import CONFIG_NAME, WEIGHTS_NAME, DualEncoder
+from medclr.files import write_text
 
 if TYPE_CHECKING:
     from medclr.inference.engine import Inference
@@ -100,10 +101,7 @@ def write_preprocess(directory: str | os.PathLike, image_size: int, resize: int 
     """Write ``preprocess.json`` into a checkpoint dir (what training should call)."""
     Preprocess(int(image_size), None if resize is None else int(resize))  # validates
     out = Path(directory) / PREPROCESS_NAME
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps({"image_size": int(image_size), "resize": int(resize or image_size)}, indent=2))
-    os.replace(tmp, out)
-    return out
+    return write_text(out, json.dumps({"image_size": int(image_size), "resize": int(resize or image_size)}, indent=2))
 
 
 def weights_sha256(directory: str | os.PathLike) -> str:

@@ -10,7 +10,6 @@ Greyscale only: 12-bit colour JPEG has no use in radiographs and is refused with
 
 from __future__ import annotations
 
-import numpy as np
 from pydicom import uid
 
 LABEL = "medclr-imagecodecs"

@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from medclr.errors import MedclrError
+from medclr.files import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +135,8 @@ def write_eta_table(table: pd.DataFrame, path: str | os.PathLike, meta: dict) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     t = pa.Table.from_pandas(table[TABLE_COLUMNS], preserve_index=False)
     t = t.replace_schema_metadata({**(t.schema.metadata or {}), META_KEY: json.dumps(meta).encode()})
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(t, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(t, tmp)
     return path
 
 

@@ -23,6 +23,7 @@ from medclr.models.hub import load_tokenizer
 from medclr.models.image import ImageEncoder, ImageFeatures
 from medclr.models.similarity import build_head
 from medclr.models.text import TextEncoder, TextFeatures
+from medclr.files import atomic_path, write_text
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -103,13 +104,11 @@ class DualEncoder(nn.Module):
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        # Write to temporaries then rename, so a crash never leaves a half-written checkpoint file.
-        tmp_cfg, tmp_w = out / (CONFIG_NAME + ".tmp"), out / (WEIGHTS_NAME + ".tmp")
-        tmp_cfg.write_text(json.dumps(self.to_config(), indent=2, sort_keys=True, default=str))
-        # save_model (not save_file) de-duplicates tied/shared tensors instead of failing on them.
-        save_model(self, str(tmp_w), metadata={"format": "pt", "medclr": FORMAT})
-        os.replace(tmp_w, out / WEIGHTS_NAME)
-        os.replace(tmp_cfg, out / CONFIG_NAME)
+        # a crash never leaves a half-written checkpoint file (weights first: the config names what they are)
+        with atomic_path(out / WEIGHTS_NAME) as tmp:
+            # save_model (not save_file) de-duplicates tied/shared tensors instead of failing on them.
+            save_model(self, str(tmp), metadata={"format": "pt", "medclr": FORMAT})
+        write_text(out / CONFIG_NAME, json.dumps(self.to_config(), indent=2, sort_keys=True, default=str))
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(out / TOKENIZER_DIR)
         return out

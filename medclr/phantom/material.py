@@ -33,6 +33,7 @@ from skimage.morphology import convex_hull_image
 from medclr.errors import MedclrError
 from medclr.phantom import textmatch as tm
 from medclr.phantom import vocab as V
+from medclr.files import atomic_path
 
 log = logging.getLogger(__name__)
 VERSION = 3
@@ -272,9 +273,8 @@ def _openi_table(folder: Path) -> pd.DataFrame:
             pass
     df = read_openi(src)[cols]
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        df.to_parquet(path.with_name(path.name + f".{os.getpid()}.tmp"), index=False)
-        os.replace(path.with_name(path.name + f".{os.getpid()}.tmp"), path)
+        with atomic_path(path) as tmp:
+            df.to_parquet(tmp, index=False)
     except OSError:
         pass
     return df
@@ -291,10 +291,8 @@ def _lungs_cached(folder: Path) -> tuple[np.ndarray, np.ndarray]:
             pass
     lungs, aspect = _lungs(src)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"tmp{os.getpid()}-" + path.name)
-        np.savez_compressed(tmp, lungs=lungs, aspect=aspect)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            np.savez_compressed(tmp, lungs=lungs, aspect=aspect)
     except OSError:
         pass
     return lungs, aspect
@@ -317,13 +315,10 @@ def _save(m: Material, stem: Path) -> None:
     stem.parent.mkdir(parents=True, exist_ok=True)
     doc = {"reports": m.reports, "chex_sets": [list(s) for s in m.chex_sets], "chex_probs": m.chex_probs.tolist(),
            "attr_dist": m.attr_dist, "banks": m.banks}
-    tmp = stem.with_name(stem.name + f".{os.getpid()}.tmp")
-    with gzip.open(tmp.with_suffix(".json.gz"), "wt", encoding="utf-8") as fh:
+    with atomic_path(stem.with_suffix(".npz")) as tmp:
+        np.savez_compressed(tmp, lungs=m.lungs, lung_aspect=m.lung_aspect, **{f"box_{k}": v for k, v in m.boxes.items()})
+    with atomic_path(stem.with_suffix(".json.gz")) as tmp, gzip.open(tmp, "wt", encoding="utf-8") as fh:
         json.dump(doc, fh)
-    np.savez_compressed(tmp.with_suffix(".npz"), lungs=m.lungs, lung_aspect=m.lung_aspect,
-                        **{f"box_{k}": v for k, v in m.boxes.items()})
-    os.replace(tmp.with_suffix(".npz"), stem.with_suffix(".npz"))
-    os.replace(tmp.with_suffix(".json.gz"), stem.with_suffix(".json.gz"))
 
 
 def _load(stem: Path) -> Material | None:

@@ -12,13 +12,13 @@ import gzip
 import io
 import json
 import math
-import os
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from medclr.data.labels import CHEXPERT_LABELS
+from medclr.files import write_text
 
 METADATA_COLUMNS = ("dicom_id", "subject_id", "study_id", "PerformedProcedureStepDescription", "ViewPosition", "Rows",
                     "Columns", "StudyDate", "StudyTime", "ProcedureCodeSequence_CodeMeaning",
@@ -109,9 +109,7 @@ class DatasetWriter:
 
 
 def write_json(path: Path, doc: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 def write_dicom(path: Path, image01, row: dict, seed: int, k: int) -> None:
