@@ -67,8 +67,9 @@ PRESETS = {
               "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "200", "--no-figures"]},
     # One GPU: the gpu_small preset (the cpu_small model with the negation-aware recipe, LSE+NL head on an
     # 8x8 grid), the setting measured to learn grounding and retrieval on the phantom (docs/training.md:
-    # CNR 1.39, Recall 0.19 over 3 seeds at 2,500 steps where 200 steps stay at the controls); ~2.5 min a
-    # run on an H100, so the 33 method runs take ~1.5 h and the sweeps as long again.
+    # CNR 1.39, Recall 0.19 over 3 seeds at 2,500 steps where 200 steps stay at the controls). Three such
+    # runs side by side took 4.4 min of training on one H100; one run alone takes no longer (not timed
+    # alone), so the 33 method runs, one after another, take at most ~2.5 h and the 60 sweep runs ~4.5 h.
     "full": {"n": 3000, "seeds": [0, 1, 2], "steps": 2500, "sweep_r": [0.5, 0.2, 0.1, 0.05],
              "sweep_methods": ["InfoNCE", "DCL eta=0.1", "DCL-eta_LM", "DCL-eta_True", "NUCLR"], "methods": list(METHODS),
              "train": ["preset=gpu_small", "log.every=50", "ckpt.every=2500", "val.every=null"],
