@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest_app import app_assets, engine, index_dir, rg1_path  # noqa: F401 - fixtures
+from tests.conftest_app import app_assets, engine, free_port, index_dir, rg1_path, served_app  # noqa: F401 - fixtures
 from tests.dicom_factory import make_dicom
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (ECOSYSTEM §2)
@@ -21,23 +20,10 @@ CHEX5 = ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax
 PATIENT_NAME, PATIENT_ID = "Doe^Janet Secret", "MRN-778899"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(engine, index_dir):  # noqa: F811
-    from medclr.app.service import AppService
-    from medclr.app.ui import build_blocks, launch
-    from medclr.index import load_index
-
-    service = AppService(engine, load_index(index_dir, engine), max_upload_bytes=20 << 20)
-    demo = build_blocks(service)
-    _, url = launch(demo, port=_free_port(), block=False, max_file_size="20mb")
-    yield url, service
-    demo.close()
+    with served_app(engine, index_dir, {"max_upload_bytes": 20 << 20}, max_file_size="20mb") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +256,7 @@ def test_auth_is_enforced(engine):  # noqa: F811
     from medclr.app.ui import build_blocks, launch
 
     demo = build_blocks(AppService(engine, None))
-    _, url = launch(demo, port=_free_port(), block=False, auth=[("alice", "s3cret")])
+    _, url = launch(demo, port=free_port(), block=False, auth=[("alice", "s3cret")])
     try:
         with pytest.raises(Exception):
             Client(url, verbose=False, analytics_enabled=False)

@@ -14,7 +14,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest_app import app_assets, engine, index_dir, rg1_path  # noqa: F401 - fixtures
+from tests.conftest_app import app_assets, engine, free_port, index_dir, rg1_path  # noqa: F401 - fixtures
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[1]
@@ -32,10 +31,6 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
                                 reason="/usr/bin/chromium is absent (apt-get install -y chromium chromium-driver)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class WebDriver:
@@ -103,7 +98,7 @@ def browser(tmp_path):
     driver = shutil.which("chromedriver") or "/usr/bin/chromedriver"
     if not Path(driver).exists():
         pytest.fail("/usr/bin/chromium is installed but chromedriver is not (apt-get install -y chromium-driver)")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([driver, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -140,7 +135,7 @@ def served(engine, index_dir):  # noqa: F811
     from medclr.index import load_index
 
     demo = build_blocks(AppService(engine, load_index(index_dir, engine)))
-    _, url = launch(demo, port=_free_port(), block=False)
+    _, url = launch(demo, port=free_port(), block=False)
     yield url
     demo.close()
 

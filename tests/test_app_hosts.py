@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 
-from tests.conftest_app import app_assets, engine, index_dir  # noqa: F401 - fixtures
+from tests.conftest_app import app_assets, engine, free_port, index_dir, served_app  # noqa: F401 - fixtures
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -122,10 +121,6 @@ def test_allowed_hosts_option():
             parse_allowed_hosts([bad])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_real_app_refuses_rebinding_and_cross_origin_calls(engine, tmp_path):  # noqa: F811
@@ -138,7 +133,7 @@ def test_real_app_refuses_rebinding_and_cross_origin_calls(engine, tmp_path):  #
     from medclr.app.ui import build_blocks, launch
 
     demo = build_blocks(AppService(engine, None))
-    port = _free_port()
+    port = free_port()
     _, url = launch(demo, port=port, block=False, allowed_hosts=["cxr.hospital.org"])
     url = url.rstrip("/")
     try:

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest_app import app_assets, engine, index_dir  # noqa: F401 - fixtures
+from tests.conftest_app import app_assets, engine, free_port, index_dir, served_app  # noqa: F401 - fixtures
 from tests.dicom_factory import make_dicom
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (ECOSYSTEM §2)
@@ -35,10 +35,6 @@ FAKE_NAME = "Doe_Jane_MRN-778899_chest.dcm"  # a file name as an archive export 
 PATIENT_ID = "MRN-778899"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _identified_dicom(folder: Path, name: str = FAKE_NAME, seed: int = 0) -> Path:
@@ -53,15 +49,8 @@ def _identified_dicom(folder: Path, name: str = FAKE_NAME, seed: int = 0) -> Pat
 
 @pytest.fixture(scope="module")
 def server(engine, index_dir):  # noqa: F811
-    from medclr.app.service import AppService
-    from medclr.app.ui import build_blocks, launch
-    from medclr.index import load_index
-
-    service = AppService(engine, load_index(index_dir, engine))
-    demo = build_blocks(service)
-    _, url = launch(demo, port=_free_port(), block=False)
-    yield url.rstrip("/"), service
-    demo.close()
+    with served_app(engine, index_dir) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +282,7 @@ def test_app_process_removes_its_temp_folder_when_stopped(sig, tmp_path, app_ass
 
     base = tmp_path / "base"
     base.mkdir()
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "app.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "medclr", "app", "--checkpoint", str(app_assets["checkpoint"]),

@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import warnings
 from pathlib import Path
 
 import pytest
 
 from tests.bad_inputs import PHI_STRINGS, Case, write_corpus
-from tests.conftest_app import app_assets, engine, index_dir  # noqa: F401 - fixtures
+from tests.conftest_app import app_assets, engine, free_port, index_dir, served_app  # noqa: F401 - fixtures
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (ECOSYSTEM §2)
 
@@ -38,22 +37,10 @@ def corpus(tmp_path_factory) -> tuple[Path, list[Case]]:
     return folder, write_corpus(folder)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(engine, index_dir):  # noqa: F811
-    from medclr.app.service import AppService
-    from medclr.app.ui import build_blocks, launch
-    from medclr.index import load_index
-
-    demo = build_blocks(AppService(engine, load_index(index_dir, engine)))
-    _, url = launch(demo, port=_free_port(), block=False)
-    yield url
-    demo.close()
+    with served_app(engine, index_dir) as (url, _):
+        yield url
 
 
 def _log_levels(caplog) -> None:
