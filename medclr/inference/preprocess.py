@@ -23,7 +23,7 @@ import torch
 
 from medclr.errors import MedclrError
 from medclr.geometry import CropGeometry, centre_crop, resize_shorter_side
-from medclr.io import MAX_PIXELS, read_header, read_image
+from medclr.io import MAX_PIXELS, read_image_with_caution
 from medclr.io.limits import MIN_SIDE, image_problem  # noqa: F401 - MIN_SIDE re-exported
 
 DEFAULT_IMAGE_SIZE = 224
@@ -76,10 +76,9 @@ class ImageFiles(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         c = int(self.pre.image_size)
         try:
-            arr = read_image(self.paths[i], max_pixels=self.max_pixels)
-            tensor, geo = preprocess_image(arr, self.pre)
             # a DICOM header that says "maybe not a chest radiograph" (OT, another body part) travels with the scores
-            caution = read_header(self.paths[i])["caution"]
+            arr, caution = read_image_with_caution(self.paths[i], max_pixels=self.max_pixels)
+            tensor, geo = preprocess_image(arr, self.pre)
             return {"i": i, "tensor": tensor, "ok": True, "error": "", "height": geo.height, "width": geo.width,
                     "caution": caution}
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded error row

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from medclr.errors import ImageReadError
-from medclr.io.dicom import is_dicom, read_dicom, read_dicom_header
+from medclr.io.dicom import is_dicom, read_dicom_header, read_dicom_with_caution
 from medclr.io.limits import MAX_PIXELS
 from medclr.io.raster import read_raster, read_raster_size
 
@@ -33,10 +33,16 @@ def read_image(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     Raises ``ImageReadError`` (one line naming the file) for missing, corrupt,
     truncated, non-image or oversized files.
     """
+    return read_image_with_caution(path, max_pixels)[0]
+
+
+def read_image_with_caution(path: str | Path, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, str]:
+    """``read_image`` and the header's one-line caution ("" for rasters, which carry no header), from one
+    read of the file: the batch scorer keeps both for every file."""
     path = Path(path)
     if not path.is_file():
         raise ImageReadError(f"{path}: file not found")
-    return read_dicom(path, max_pixels) if _is_dicom_path(path) else read_raster(path, max_pixels)
+    return read_dicom_with_caution(path, max_pixels) if _is_dicom_path(path) else (read_raster(path, max_pixels), "")
 
 
 def read_header(path: str | Path) -> dict:

@@ -242,8 +242,14 @@ NOT_RADIOGRAPHS = {"US": "ultrasound", "MR": "MRI", "CT": "CT", "NM": "nuclear m
 
 
 def read_dicom(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    return read_dicom_with_caution(path, max_pixels)[0]
+
+
+def read_dicom_with_caution(path: str | Path, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, str]:
+    """``read_dicom``'s image and the header's :func:`caution`, from one read of the file."""
     path = Path(path)
     ds = _open(path, stop_before_pixels=False)
+    note = caution(str(ds.get("Modality", "") or ""), str(ds.get("BodyPartExamined", "") or ""))
     modality = str(ds.get("Modality", "") or "").strip().upper()
     if modality in NOT_RADIOGRAPHS:
         raise ImageReadError(f"{path}: modality {modality} ({NOT_RADIOGRAPHS[modality]}) is not a chest radiograph")
@@ -255,7 +261,7 @@ def read_dicom(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     if int(ds.get("SamplesPerPixel", 1) or 1) > 1:
         # pydicom converts YBR to RGB by default; grey is the luminance.
         rgb = arr.astype(np.float64)
-        return rgb2gray(rgb / max(float(rgb.max()), 1.0)).astype(np.float32)
+        return rgb2gray(rgb / max(float(rgb.max()), 1.0)).astype(np.float32), note
     # VOI functions expect Modality-LUT output; without a rescale that is the stored array itself.
     src = apply_modality_lut(arr, ds) if ("RescaleSlope" in ds or "ModalityLUTSequence" in ds) else arr
     values = src.astype(np.float64)
@@ -269,4 +275,4 @@ def read_dicom(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     inverse = str(ds.get("PresentationLUTShape", "")).upper() == "INVERSE"
     if (photometric == "MONOCHROME1") != inverse:
         image = 1.0 - image
-    return image.astype(np.float32)
+    return image.astype(np.float32), note
