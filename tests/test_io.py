@@ -192,6 +192,16 @@ def test_header_cautions_when_it_may_not_be_a_chest_radiograph(tmp_path):
     assert not any(c in crafted for c in "<>[]()") and "http" not in crafted
     Image.fromarray(np.zeros((40, 40), np.uint8)).save(tmp_path / "x.png")
     assert read_header(tmp_path / "x.png")["caution"] == ""  # a raster has no header to go by
+    assert caution("CR", "CHEST", "RGB") == "a colour image (RGB): check this is a chest X-ray before reading the findings"
+    assert caution("DX", "", "MONOCHROME1") == ""
+
+
+def test_strips_are_not_chest_radiographs():
+    from medclr.io.limits import image_problem
+
+    assert image_problem(np.zeros((100, 300), np.float32)) is None  # 3:1 is read
+    for shape in ((100, 400), (2000, 40)):  # 4:1 and 50:1 are not
+        assert "times the other" in image_problem(np.zeros(shape, np.float32))
 
 
 def test_float_image_with_nan_or_inf_is_refused_not_zeroed(tmp_path):

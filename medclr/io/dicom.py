@@ -99,7 +99,7 @@ def read_dicom_header(path: str | Path) -> dict:
         "transfer_syntax": str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "")),
         "body_part": str(ds.get("BodyPartExamined", "") or ""),
     }
-    header["caution"] = caution(header["modality"], header["body_part"])
+    header["caution"] = caution(header["modality"], header["body_part"], header["photometric"])
     return header
 
 
@@ -110,7 +110,7 @@ CHEST_PARTS = {"CHEST", "THORAX", "LUNG", "LUNGS", "RIBS", "HEART", "TORSO", "BR
 _CODE_STRING = re.compile(r"[A-Z0-9_ ]{1,16}")
 
 
-def caution(modality: str, body_part: str) -> str:
+def caution(modality: str, body_part: str, photometric: str = "") -> str:
     """One line when the header says this may not be a chest radiograph ("" when nothing is off).
 
     Modalities that are never radiographs are refused by ``read_dicom``; OT (secondary capture) and
@@ -126,6 +126,8 @@ def caution(modality: str, body_part: str) -> str:
         notes.append(f"modality {code(modality)} is not a radiograph modality" if modality.strip() else "no modality")
     if body_part.strip() and body_part.strip().upper() not in CHEST_PARTS:
         notes.append(f"body part {code(body_part)}")
+    if photometric.strip() and not photometric.strip().upper().startswith("MONOCHROME"):
+        notes.append(f"a colour image ({code(photometric)})")  # radiographs are MONOCHROME1/2; read as luminance
     return f"{'; '.join(notes)}: check this is a chest X-ray before reading the findings" if notes else ""
 
 
@@ -249,7 +251,8 @@ def read_dicom_with_caution(path: str | Path, max_pixels: int = MAX_PIXELS) -> t
     """``read_dicom``'s image and the header's :func:`caution`, from one read of the file."""
     path = Path(path)
     ds = _open(path, stop_before_pixels=False)
-    note = caution(str(ds.get("Modality", "") or ""), str(ds.get("BodyPartExamined", "") or ""))
+    note = caution(str(ds.get("Modality", "") or ""), str(ds.get("BodyPartExamined", "") or ""),
+                   str(ds.get("PhotometricInterpretation", "") or ""))
     modality = str(ds.get("Modality", "") or "").strip().upper()
     if modality in NOT_RADIOGRAPHS:
         raise ImageReadError(f"{path}: modality {modality} ({NOT_RADIOGRAPHS[modality]}) is not a chest radiograph")

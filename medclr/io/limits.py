@@ -24,15 +24,21 @@ def check_size(path, height: int, width: int, max_pixels: int = MAX_PIXELS) -> N
 # The smallest side an input may have: below it an "image" (1x1, 2x500, 16384x3) carries no anatomy,
 # and resizing it up would give the model a smear to score with confident-looking percentages.
 MIN_SIDE = 32
+# Chest films and detectors are at most ~1.3:1 (35 x 43 cm, 14 x 17 in); a strip of 4:1 or more (a
+# panoramic, a stitched spine, a banner) would be scored on its middle quarter only.
+MAX_ASPECT = 4.0
 
 
 def image_problem(arr: np.ndarray) -> str | None:
     """Why a decoded H x W image cannot be a radiograph (one line, no file name), or None: a side under
-    MIN_SIDE, NaN or infinite pixels. Every path that reads images checks it: the app, ``medclr inspect``,
+    MIN_SIDE, a side MAX_ASPECT times the other or more, NaN or infinite pixels. Every path that reads images checks it: the app, ``medclr inspect``,
     ``medclr score`` and evaluation (through ``medclr.inference.preprocess_image``)."""
     if min(arr.shape) < MIN_SIDE:
         return (f"{arr.shape[1]}x{arr.shape[0]} pixels is not a radiograph (each side must be at least "
                 f"{MIN_SIDE} px)")
+    if max(arr.shape) >= MAX_ASPECT * min(arr.shape):
+        return (f"{arr.shape[1]}x{arr.shape[0]} pixels is not a radiograph of the chest (one side is "
+                f"{max(arr.shape) / min(arr.shape):.1f} times the other; at most {MAX_ASPECT:g} is read)")
     if not np.isfinite(arr).all():
         return "it holds NaN or infinite pixel values (a float image without a valid range?)"
     return None
