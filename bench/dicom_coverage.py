@@ -2,8 +2,8 @@
 
 Every file under pydicom's ``data/test_files`` and pydicom-data's ``data_store/data`` (recursively) that
 ``pydicom.dcmread`` opens and that holds pixel data is decoded with ``medclr.io.dicom.decode_pixels``
-(the decode step of ``read_dicom``: first frame, pydicom's plugins). A file whose decode raises counts
-as failed, grouped by transfer syntax with its one-line error. ``read_dicom``'s later refusals (a
+(the decode step of ``read_dicom_with_caution``: first frame, pydicom's plugins). A file whose decode raises counts
+as failed, grouped by transfer syntax with its one-line error. ``read_dicom_with_caution``'s later refusals (a
 non-radiograph modality) are not decode failures and are not counted here.
 
     python bench/dicom_coverage.py [-v]

@@ -113,7 +113,7 @@ _CODE_STRING = re.compile(r"[A-Z0-9_ ]{1,16}")
 def caution(modality: str, body_part: str, photometric: str = "") -> str:
     """One line when the header says this may not be a chest radiograph ("" when nothing is off).
 
-    Modalities that are never radiographs are refused by ``read_dicom``; OT (secondary capture) and
+    Modalities that are never radiographs are refused by ``read_dicom_with_caution``; OT (secondary capture) and
     unknown ones are read, since scanned films and exports use them, but the reader should know.
     Header values are quoted only when they are plain DICOM code strings (nothing a page could render).
     """
@@ -243,12 +243,9 @@ NOT_RADIOGRAPHS = {"US": "ultrasound", "MR": "MRI", "CT": "CT", "NM": "nuclear m
                    "XA": "angiography", "ECG": "ECG", "SR": "a structured report", "SEG": "a segmentation"}
 
 
-def read_dicom(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
-    return read_dicom_with_caution(path, max_pixels)[0]
-
-
 def read_dicom_with_caution(path: str | Path, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, str]:
-    """``read_dicom``'s image and the header's :func:`caution`, from one read of the file."""
+    """A DICOM radiograph as float32 H x W in [0, 1] (air dark, bone bright) and the header's :func:`caution`,
+    from one read of the file."""
     path = Path(path)
     ds = _open(path, stop_before_pixels=False)
     note = caution(str(ds.get("Modality", "") or ""), str(ds.get("BodyPartExamined", "") or ""),
