@@ -40,7 +40,7 @@ from medclr.models.image import ImageFeatures
 
 
 def _up(x: torch.Tensor) -> torch.Tensor:
-    """fp16/bf16 -> float32 (scores are exp'ed later; DESIGN §7); float32/float64 unchanged."""
+    """fp16/bf16 -> float32 (scores are exp'ed later; docs/ARCHITECTURE.md, conventions); float32/float64 unchanged."""
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
