@@ -29,7 +29,9 @@ browser:
 	    apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; } || \
 	  echo "headless Chromium not installed: the browser test will be skipped (apt-get install chromium chromium-driver)"
 
+# The linter first ([tool.ruff] in pyproject.toml): seconds, and it names the line.
 test: venv browser
+	$(VENV)/bin/ruff check .
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q --timeout=900 $(ARGS)
 
 test-slow: venv

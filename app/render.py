@@ -1,9 +1,10 @@
 """Pictures for the app: display copies, heatmap overlays with iso-contours, gallery thumbnails.
 
-Heatmaps follow BioViL's visualisation (DATASETS §1.7): diverging ``RdBu_r`` colours, alpha 0.5,
-iso-contours. ``scale="absolute"`` fixes the colour range to cosine [-1, 1] (comparable across images
-and phrases; contours at 0.25 / 0.5 / 0.75); ``scale="relative"`` stretches the colours to this map's
-own range (contours at 25 / 50 / 75 % of it), useful for weakly trained models whose cosines are close.
+Heatmaps follow BioViL's visualisation (hi-ml-multimodal's phrase-grounding plots, docs/evaluation.md
+section 5): diverging ``RdBu_r`` colours, alpha 0.5, iso-contours. ``scale="absolute"`` fixes the colour
+range to cosine [-1, 1] (comparable across images and phrases; contours at 0.25 / 0.5 / 0.75);
+``scale="relative"`` stretches the colours to this map's own range (contours at 25 / 50 / 75 % of it),
+useful for weakly trained models whose cosines are close.
 """
 
 from __future__ import annotations

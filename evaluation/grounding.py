@@ -43,7 +43,7 @@ __all__ = [
 DEFAULT_THRESHOLDS: np.ndarray = np.round(np.linspace(-1.0, 1.0, 41), 2)
 DEFAULT_THRESHOLDS.setflags(write=False)
 
-#: BioViL's Gaussian smoothing of the patch grid, in grid cells (DATASETS.md §1.7 step 4).
+#: BioViL's Gaussian smoothing of the patch grid, in grid cells (docs/evaluation.md section 1.1, step 1).
 BIOVIL_SMOOTH_SIGMA: float = 1.5
 
 

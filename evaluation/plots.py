@@ -28,7 +28,7 @@ __all__ = [
     "save_png",
 ]
 
-#: BioViL's iso-contour levels (DATASETS.md §1.7 step 6).
+#: BioViL's iso-contour levels (hi-ml-multimodal; docs/evaluation.md section 5).
 BIOVIL_CONTOUR_LEVELS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 from tests.conftest_app import app_assets, engine, free_port, index_dir, rg1_path, served_app  # noqa: F401 - fixtures
 from tests.dicom_factory import make_dicom
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (ECOSYSTEM §2)
+os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (docs/app.md, "API")
 CHEX5 = ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax")
 PATIENT_NAME, PATIENT_ID = "Doe^Janet Secret", "MRN-778899"
 

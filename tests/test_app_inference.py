@@ -22,7 +22,7 @@ from tests.conftest_app import app_assets, engine, rg1_path  # noqa: F401 - fixt
 
 
 def test_crop_geometry_of_the_datasets_example():
-    # DATASETS §1.7: 2544 x 3056 (W x H), R 512, C 480 -> a 2385-pixel square; training's crop starts at
+    # docs/evaluation.md 1.1: 2544 x 3056 (W x H), R 512, C 480 -> a 2385-pixel square; training's crop starts at
     # resized row 67 (615 // 2 - 240) = original row 332.94, so NaN margins 79/80 (columns) and 333/338 (rows)
     # (hi-ml's floor-centred square would put the rows at 335/336: not the crop the model saw)
     geo = CropGeometry.from_resize_crop((3056, 2544), 512, 480)

@@ -29,7 +29,7 @@ from PIL import Image
 from tests.conftest_app import app_assets, engine, free_port, index_dir, served_app  # noqa: F401 - fixtures
 from tests.dicom_factory import make_dicom
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (ECOSYSTEM §2)
+os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (docs/app.md, "API")
 REPO = Path(__file__).resolve().parents[1]
 FAKE_NAME = "Doe_Jane_MRN-778899_chest.dcm"  # a file name as an archive export might write it
 PATIENT_ID = "MRN-778899"

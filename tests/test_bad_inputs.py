@@ -28,7 +28,7 @@ import pytest
 from tests.bad_inputs import PHI_STRINGS, Case, write_corpus
 from tests.conftest_app import app_assets, engine, free_port, index_dir, served_app  # noqa: F401 - fixtures
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (ECOSYSTEM §2)
+os.environ["HF_HUB_OFFLINE"] = "1"  # gradio_client's own telemetry (docs/app.md, "API")
 
 
 @pytest.fixture(scope="module")

@@ -194,7 +194,7 @@ def test_upsample_known_grid_matches_torch_and_nan_outside_crop():
 
 
 def test_upsample_biovil_geometry_and_constant_grid():
-    # DATASETS.md example: 2544x3056 (WxH), resize 512, crop 480: crop side 2385 px.
+    # docs/evaluation.md section 1.1's example: 2544x3056 (WxH), resize 512, crop 480: crop side 2385 px.
     geo = CropGeometry.from_resize_crop((3056, 2544), 512, 480)
     rows, cols = geo.crop_slices()
     assert cols == slice(79, 2464)  # same as hi-ml: floor((2544-2385)/2) = 79

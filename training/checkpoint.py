@@ -1,6 +1,6 @@
 """Checkpoints: written atomically, keep-last-k, exact resume; OUT itself is always a loadable model.
 
-Layout (DESIGN section 3)::
+Layout (docs/training.md, "Checkpoints and resume")::
 
     OUT/checkpoints/step-0000500/   config.json  model.safetensors  tokenizer/   (DualEncoder.save_pretrained)
                                     loss_state.safetensors   every loss buffer/parameter (u, zeta, step, ...)

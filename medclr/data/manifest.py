@@ -1,6 +1,6 @@
 """The manifest: one row per image-report pair, the file every later step reads.
 
-Columns (DESIGN.md section 3): ``index`` (int64, dense 0..n-1), ``subject_id``,
+Columns (docs/ARCHITECTURE.md section 2): ``index`` (int64, dense 0..n-1), ``subject_id``,
 ``study_id``, ``dicom_id``, ``image_path`` (relative to the root stored in the
 parquet metadata, empty when the row has no image), ``view``, ``split``
 (train/validate/test), ``report`` (full text), ``text`` (the section(s) used),

@@ -1,7 +1,7 @@
 """Report text: section extraction (MIMIC plain text) and radiology sentence splitting.
 
 Sections follow the official MIMIC-CXR parser (MIT-LCP/mimic-cxr txt/section_parser.py,
-described in DATASETS.md 3.3): upper-case headers ending in a colon, names
+summarised in docs/data.md): upper-case headers ending in a colon, names
 normalised to a small canonical set, the last section of a name wins, and a
 report with neither FINDINGS nor IMPRESSION falls back to its last paragraph.
 

@@ -1,6 +1,6 @@
 """A faiss vector index for cosine search: normalised float32 vectors, inner-product metric, int64 ids.
 
-Kinds (ECOSYSTEM §3 for the measurements behind the choices; bench/bench_index.py re-measures them):
+Kinds (docs/index.md for the measurements behind the choices; bench/bench_index.py re-measures them):
 
 * ``flat``: ``IndexIDMap2(IndexFlatIP)``, exact; supports add, remove and reconstruct. Default up to
   ``EXACT_MAX`` vectors.

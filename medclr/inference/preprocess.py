@@ -3,7 +3,7 @@
 Kept apart from the engine because the index builder, the batch scorer and evaluation decode and
 preprocess files in DataLoader workers (:func:`image_loader`) without needing a model.
 
-* Image preprocessing matches training's deterministic view (and BioViL's, DATASETS §1.3):
+* Image preprocessing matches training's deterministic view (and BioViL's inference transform in hi-ml-multimodal):
   ``medclr.io.read_image`` (float32 H x W in [0, 1], air dark) -> shorter side resized to R (area
   averaging when shrinking) -> centre crop C -> ``1 x C x C``. C (``image_size``) and R (``resize``, default C) come from the checkpoint (see
   :func:`medclr.inference.checkpoint.read_checkpoint_info`); default 224. Sizes, crop origin and the

@@ -1,6 +1,6 @@
 """Fit a small domain masked LM (WordPiece tokenizer + BERT) on report sentences, on a CPU in minutes.
 
-Recipe (ECOSYSTEM.md section 5.3): a WordPiece vocabulary (BERT normaliser,
+Recipe (docs/lm.md section 2): a WordPiece vocabulary (BERT normaliser,
 lower case, min_frequency 2; learned by :mod:`medclr.lm.wordpiece`, because
 the ``tokenizers`` trainer is not reproducible), a ``BertForMaskedLM`` with
 4 layers, hidden 256, 4 heads and 128 positions, masked by

@@ -1,6 +1,6 @@
 """Functional InfoNCE and debiased contrastive loss on a similarity matrix.
 
-Contract (DESIGN.md section 6): `sim` is B x B, row = anchor, diagonal = its positive, values in
+Contract (docs/ARCHITECTURE.md section 4): `sim` is B x B, row = anchor, diagonal = its positive, values in
 [-1, 1]; both functions return the mean over rows as a float32 (float64 for float64 input)
 scalar, whatever the input dtype, and never overflow: everything is computed as logs.
 

@@ -1,6 +1,6 @@
 """DualEncoder: image encoder + text encoder + similarity head, with a checkpoint-directory format.
 
-Checkpoint directory (DESIGN §3): ``config.json`` (``to_config()``, enough to rebuild the modules),
+Checkpoint directory (docs/models.md): ``config.json`` (``to_config()``, enough to rebuild the modules),
 ``model.safetensors`` (all parameters and persistent buffers), ``tokenizer/`` (the text tokenizer's
 ``save_pretrained``). Other files there (loss state, optimizer, trainer state) belong to training and
 are left alone. Loading never unpickles and never runs code from the directory.

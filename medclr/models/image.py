@@ -8,7 +8,7 @@ Geometry (same as BioViL, see docs/models.md):
   DeepLab's output stride 16 but without dilation, which torchvision's BasicBlock lacks), so small
   CPU crops still give a grid that can localise (128 -> 8x8, 96 -> 6x6);
 - ``regions`` are the ``layer4`` map projected to the joint dim by a 1x1 conv (``projector="linear"``,
-  the "linear mapping to a 128-d space" of the sample-specific debiasing paper, §4.2) or BioViL's
+  the "linear mapping to a 128-d space" of the sample-specific debiasing paper, §3.2) or BioViL's
   two-layer 1x1-conv projector (``projector="mlp"``): ``B x D x h x w``, channel-first like every
   torchvision feature map, NOT normalised;
 - ``global_emb`` is the spatial mean of the projected regions, L2-normalised (BioViL's

@@ -13,7 +13,7 @@ the image sides are what gets all-gathered (``medclr.losses.distributed.score_bl
 loss sees local images x all sentences and local sentences x all images, and the head is trained.
 
 LSE+NL follows the similarity used in the sample-specific debiasing paper (Wang et al., MLHC 2023,
-§4.2 "We use LSE+NL (Wang et al., 2023) as the similarity function s", i.e. Wang, Wells, Berkowitz,
+§3.2 "We use LSE+NL (Wang et al., 2023) as the similarity function s", i.e. Wang, Wells, Berkowitz,
 Horng, Golland, *Using Multiple Instance Learning to Build Multimodal Representations*, IPMI 2023):
 region-sentence cosines aggregated by log-sum-exp pooling after a non-local block over the regions.
 The exact LSE form is the normalised one of Pinheiro & Collobert (CVPR 2015),
@@ -40,7 +40,7 @@ from medclr.models.image import ImageFeatures
 
 
 def _up(x: torch.Tensor) -> torch.Tensor:
-    """fp16/bf16 -> float32 (scores are exp'ed later; DESIGN §7); float32/float64 unchanged."""
+    """fp16/bf16 -> float32 (scores are exp'ed later; docs/ARCHITECTURE.md, conventions); float32/float64 unchanged."""
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
