@@ -43,7 +43,7 @@ class Step:
 
 def preset(args: argparse.Namespace) -> str:
     """The training preset: ``--preset``, or for ``auto`` gpu_small where CUDA is there (2,500 steps
-    of the negation-aware recipe, a few GPU minutes) and cpu_small elsewhere (200 steps, ~9 CPU minutes)."""
+    of the negation-aware recipe, a few GPU minutes) and cpu_small elsewhere (450 steps of the 64 px model, ~8 CPU minutes)."""
     if args.preset != "auto":
         return args.preset
     import torch
@@ -133,7 +133,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--preset", choices=("auto", "cpu_small", "gpu_small"), default="auto",
                         help="training preset: auto = gpu_small with CUDA (2,500 steps: the model learns grounding "
-                             "and negation), else cpu_small (200 steps, ~9 minutes on 2 cores; docs/training.md)")
+                             "and negation), else cpu_small (450 steps of a 64 px ResNet-18 cut after layer3, ~8 minutes on 2 cores; docs/training.md)")
     parser.add_argument("--port", type=int, default=7860)
     parser.set_defaults(run=run)
 

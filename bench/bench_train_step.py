@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--joint-dim", type=int, default=128)
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--output-stride", type=int, default=32, choices=[16, 32],
-                   help="16: ResNet's last stage unstrided (the cpu_small preset's 8x8 grid at 128 px)")
+                   help="16: ResNet's last stage unstrided (the gpu_small preset's 8x8 grid at 128 px)")
     p.add_argument("--no-lse", action="store_true", help="skip the LSE+NL-head step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = leave as is)")

@@ -159,6 +159,27 @@ def test_image_regions_grid_and_unit_global(hw):
     torch.testing.assert_close(f3.regions, f.regions)
 
 
+@pytest.mark.parametrize("arch,stages,stride,channels", [("resnet18", 3, 16, 256), ("resnet18", 3, 8, 256),
+                                                        ("resnet18", 4, 8, 512), ("resnet50", 3, 8, 1024)])
+def test_image_stages_and_stride_set_the_grid_and_the_trunk(arch, stages, stride, channels):
+    """A cut trunk ends at layer3 (no layer4 weights at all); each halving of the stride unstrides one
+    more of the last kept stages; the config round trip rebuilds the same network."""
+    torch.manual_seed(0)
+    enc = ImageEncoder(arch, joint_dim=JOINT, pretrained="none", stages=stages, output_stride=stride).eval()
+    assert enc.out_channels == channels
+    assert ("layer4" in dict(enc.trunk.named_children())) == (stages == 4)
+    x = torch.rand(2, 1, 64, 96)
+    with torch.no_grad():
+        f = enc(x)
+    assert f.grid == grid_size(64, 96, stride) == (math.ceil(64 / stride), math.ceil(96 / stride))
+    again = ImageEncoder.from_config(enc.to_config(), load_weights=False).eval()
+    again.load_state_dict(enc.state_dict())  # strict: the same parameters, key for key
+    with torch.no_grad():
+        torch.testing.assert_close(again(x).regions, f.regions)
+    with pytest.raises(MedclrError, match="at most 16 with stages=3"):
+        ImageEncoder(arch, pretrained="none", stages=3, output_stride=32)
+
+
 def test_image_resnet50_mlp_projector_and_bad_input():
     torch.manual_seed(0)
     enc = ImageEncoder("resnet50", joint_dim=8, projector="mlp", pretrained="none", input_norm="none").eval()

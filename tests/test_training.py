@@ -152,17 +152,18 @@ def test_config_layers_presets_and_overrides():
 
     cfg = load_config("dcl_0.05", ["data.manifest=m.parquet", "out=o", "optim.lr=1e-4", "train.batch_size=16"])
     assert cfg["loss"] == {"name": "dcl", "eta_source": "none", "tau": 0.07, "eta": 0.05}
-    assert cfg["model"]["arch"] == "resnet18" and cfg["data"]["crop"] == 128  # cpu_small preset
-    assert cfg["model"]["head"] == "lse_nl" and cfg["model"]["output_stride"] == 16 and cfg["train"]["max_steps"] == 200
+    assert cfg["model"]["arch"] == "resnet18" and cfg["data"]["crop"] == 64  # cpu_small preset
+    assert cfg["model"]["stages"] == 3 and cfg["model"]["output_stride"] == 8 and cfg["model"]["head"] == "lse_nl"
+    assert cfg["data"]["sentence_sampling"] == "findings" and cfg["train"]["max_steps"] == 450
     assert cfg["optim"]["lr"] == 1e-4 and cfg["train"]["batch_size"] == 16
     paper = load_config("nuclr", ["data.manifest=m", "out=o", "preset=paper"])
     assert paper["optim"]["lr"] == 1e-5 and paper["optim"]["warmup_steps"] == 2000
     assert paper["train"]["batch_size"] == 64 and paper["model"]["joint_dim"] == 128
     assert paper["loss"]["tau"] == 0.01 and paper["loss"]["gamma"] == 0.8 and paper["loss"]["freeze_zeta_epochs"] == 5
-    # gpu_small extends cpu_small: its model, with the negation-aware recipe and 2,500 steps on top
+    # gpu_small extends cpu_small: the whole ResNet-18 at 128 px, the hard-negative term and 2,500 steps on top
     gpu = load_config("dcl_0.05", ["data.manifest=m", "out=o", "preset=gpu_small", "train.max_steps=300"])
     assert gpu["preset"] == "gpu_small" and gpu["model"]["arch"] == "resnet18" and gpu["data"]["crop"] == 128
-    assert gpu["model"]["output_stride"] == 16 and gpu["optim"]["lr"] == 1e-3 and gpu["model"]["lse_gamma"] == 20
+    assert gpu["model"]["output_stride"] == 16 and gpu["model"]["stages"] == 4 and gpu["optim"]["lr"] == 1e-3 and gpu["model"]["lse_gamma"] == 20
     assert gpu["data"]["sentence_sampling"] == "findings" and gpu["hard_negatives"]["weight"] == 1.0
     assert gpu["train"]["max_steps"] == 300 and load_config("dcl_0.05", ["data.manifest=m", "out=o", "preset=gpu_small"]
                                                              )["train"]["max_steps"] == 2500

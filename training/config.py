@@ -231,8 +231,11 @@ def validate(cfg: dict) -> dict:
         raise MedclrError(f"config train.device {dev!r}: expected auto, cpu or cuda")
     if cfg["model"]["head"] not in ("cosine", "lse_nl"):
         raise MedclrError(f"config model.head {cfg['model']['head']!r}: expected cosine or lse_nl")
-    if cfg["model"]["output_stride"] not in (16, 32):
-        raise MedclrError(f"config model.output_stride {cfg['model']['output_stride']!r}: expected 32 or 16")
+    if cfg["model"]["stages"] not in (3, 4):
+        raise MedclrError(f"config model.stages {cfg['model']['stages']!r}: expected 4 or 3")
+    if cfg["model"]["output_stride"] not in (8, 16, 32) or cfg["model"]["output_stride"] > 2 ** (cfg["model"]["stages"] + 1):
+        raise MedclrError(f"config model.output_stride {cfg['model']['output_stride']!r}: expected 32, 16 or 8 "
+                          f"(at most {2 ** (cfg['model']['stages'] + 1)} with model.stages={cfg['model']['stages']})")
     if not isinstance(cfg["model"]["lse_gamma"], (int, float)) or cfg["model"]["lse_gamma"] <= 0:
         raise MedclrError(f"config model.lse_gamma {cfg['model']['lse_gamma']!r}: expected a positive number")
     if cfg["train"]["epochs"] is None and cfg["train"]["max_steps"] is None:

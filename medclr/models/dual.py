@@ -156,6 +156,7 @@ def build_dual_encoder(
     input_norm: str = "imagenet",
     channels_last: bool = False,
     output_stride: int = 32,
+    stages: int = 4,
     pooling: str = "cls",
     max_length: int = 128,
     allow_network: bool = False,
@@ -165,7 +166,8 @@ def build_dual_encoder(
     ``text_model`` (local dir or cached hub id) + a head. Seed torch before calling for a
     reproducible initialisation."""
     image = ImageEncoder(arch, joint_dim=joint_dim, projector=projector, pretrained=image_pretrained,
-                         input_norm=input_norm, channels_last=channels_last, output_stride=output_stride)
+                         input_norm=input_norm, channels_last=channels_last, output_stride=output_stride,
+                         stages=stages)
     text = TextEncoder.from_pretrained(text_model, joint_dim=joint_dim, pooling=pooling, max_length=max_length,
                                        allow_network=allow_network, trust_remote_code=trust_remote_code)
     return DualEncoder(image, text, build_head(dict(head) if isinstance(head, Mapping) else head, dim=joint_dim))

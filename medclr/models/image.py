@@ -7,7 +7,10 @@ Geometry (same as BioViL, see docs/models.md):
   ``output_stride=16`` the first block of ``layer4`` keeps stride 1 (an unstrided last stage, as
   DeepLab's output stride 16 but without dilation, which torchvision's BasicBlock lacks), so small
   CPU crops still give a grid that can localise (128 -> 8x8, 96 -> 6x6);
-- ``regions`` are the ``layer4`` map projected to the joint dim by a 1x1 conv (``projector="linear"``,
+- ``stages=3`` cuts the trunk after ``layer3`` (natural stride 16, 256 channels for ResNet-18): half
+  of ResNet-18's compute at a given size, and with ``output_stride=8`` (``layer3`` unstrided too) a 64 px
+  crop still gives an 8x8 grid at a fifth of the stride-16 ResNet-18's cost at 128 px (docs/training.md);
+- ``regions`` are the last kept stage's map projected to the joint dim by a 1x1 conv (``projector="linear"``,
   the "linear mapping to a 128-d space" of the sample-specific debiasing paper, §3.2) or BioViL's
   two-layer 1x1-conv projector (``projector="mlp"``): ``B x D x h x w``, channel-first like every
   torchvision feature map, NOT normalised;
@@ -41,7 +44,8 @@ from medclr.errors import MedclrError
 
 log = logging.getLogger(__name__)
 
-# Trunk name -> (torchvision builder, layer4 channels, ImageNet weight enums in order of preference).
+# Trunk name -> (torchvision builder, layer4 channels, ImageNet weight enums in order of preference);
+# layer3 has half layer4's channels in both.
 # The weight file names come from the enums' URLs, so they track torchvision rather than being
 # hard-coded here.
 _ARCHS: dict[str, tuple[Any, int, tuple[Any, ...]]] = {
@@ -94,11 +98,11 @@ def grid_size(height: int, width: int, output_stride: int = _STRIDE) -> tuple[in
     return math.ceil(height / output_stride), math.ceil(width / output_stride)
 
 
-def _unstride_last_stage(layer4: nn.Sequential) -> None:
-    """layer4's first block at stride 1 (its 3x3 conv and its 1x1 shortcut): output stride 32 -> 16.
+def _unstride(stage: nn.Sequential) -> None:
+    """A stage's first block at stride 1 (its 3x3 conv and its 1x1 shortcut): the output stride halves.
     The weights are unchanged (a stride only changes where a kernel is applied), so ImageNet
     initialisation still fits."""
-    block = layer4[0]
+    block = stage[0]
     conv = block.conv2 if hasattr(block, "conv3") else block.conv1  # Bottleneck strides its 3x3 conv2
     conv.stride = (1, 1)
     if block.downsample is not None:
@@ -117,7 +121,9 @@ class ImageEncoder(nn.Module):
             "imagenet" = require the cached file (MedclrError if missing); "none" = random init.
         weights_path: an explicit torchvision ResNet state-dict file (.pth); implies ImageNet init.
         input_norm: "imagenet" or "none" (see module docstring).
-        output_stride: 32 (torchvision's ResNet) or 16 (unstrided last stage: a 4x finer region grid).
+        output_stride: the region grid's stride: 32 (torchvision's ResNet), 16 (last stage unstrided, or
+            ``stages=3`` as is) or 8 (the last two kept stages unstrided).
+        stages: ResNet stages kept, 4 (the whole trunk) or 3 (cut after layer3).
         channels_last: run the trunk in channels-last memory format (faster convs on many CPUs/GPUs;
             outputs are the same up to float rounding).
     """
@@ -132,10 +138,14 @@ class ImageEncoder(nn.Module):
         input_norm: str = "imagenet",
         channels_last: bool = False,
         output_stride: int = _STRIDE,
+        stages: int = 4,
     ) -> None:
         super().__init__()
-        if output_stride not in (16, 32):
-            raise MedclrError(f"image output_stride {output_stride!r}: expected 32 or 16")
+        if stages not in (3, 4):
+            raise MedclrError(f"image stages {stages!r}: expected 4 (the whole ResNet) or 3 (cut after layer3)")
+        if output_stride not in (8, 16, 32) or output_stride > 2 ** (stages + 1):
+            raise MedclrError(f"image output_stride {output_stride!r}: expected 32, 16 or 8 "
+                              f"(at most {2 ** (stages + 1)} with stages={stages})")
         if arch not in _ARCHS:
             raise MedclrError(f"image arch {arch!r}: expected one of {sorted(_ARCHS)}")
         if projector not in ("linear", "mlp"):
@@ -150,19 +160,20 @@ class ImageEncoder(nn.Module):
 
         resnet = builder(weights=None)  # weights=None: torchvision never downloads
         self.init = self._maybe_load_imagenet(resnet, weights_path)
-        self.output_stride = int(output_stride)
-        if self.output_stride == 16:
-            _unstride_last_stage(resnet.layer4)
+        self.output_stride, self.stages = int(output_stride), int(stages)
+        kept = [resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4][:stages]
+        for stage in kept[::-1][: int(math.log2(2 ** (stages + 1) // self.output_stride))]:
+            _unstride(stage)
         # Keep torchvision's child names so ImageNet state dicts (minus fc) line up key for key.
-        names = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")
+        names = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")[: 4 + stages]
         self.trunk = nn.Sequential(OrderedDict((n, getattr(resnet, n)) for n in names))
-        self.out_channels = channels
+        self.out_channels = channels if stages == 4 else channels // 2
 
         if projector == "linear":
-            self.proj = nn.Conv2d(channels, joint_dim, kernel_size=1)
+            self.proj = nn.Conv2d(self.out_channels, joint_dim, kernel_size=1)
         else:
             self.proj = nn.Sequential(
-                nn.Conv2d(channels, joint_dim, kernel_size=1, bias=False),
+                nn.Conv2d(self.out_channels, joint_dim, kernel_size=1, bias=False),
                 nn.BatchNorm2d(joint_dim),
                 nn.ReLU(inplace=True),
                 nn.Conv2d(joint_dim, joint_dim, kernel_size=1),
@@ -243,6 +254,7 @@ class ImageEncoder(nn.Module):
             "input_norm": self.input_norm,
             "channels_last": self.channels_last,
             "output_stride": self.output_stride,
+            "stages": self.stages,
             "init": self.init,  # provenance only: what the trunk started from when it was built
         }
 
@@ -250,7 +262,7 @@ class ImageEncoder(nn.Module):
     def from_config(cls, cfg: dict[str, Any], load_weights: bool = True) -> "ImageEncoder":
         """Rebuild from :meth:`to_config`. ``load_weights=False`` skips the ImageNet file (the caller
         is about to load a checkpoint over it)."""
-        known = {"arch", "joint_dim", "projector", "pretrained", "input_norm", "channels_last", "output_stride"}
+        known = {"arch", "joint_dim", "projector", "pretrained", "input_norm", "channels_last", "output_stride", "stages"}
         kwargs = {k: v for k, v in cfg.items() if k in known}
         if not load_weights:
             kwargs["pretrained"] = "none"
