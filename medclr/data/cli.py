@@ -11,6 +11,8 @@ import numpy as np
 from medclr.data.manifest import write_manifest
 from medclr.errors import MedclrError
 
+HELP = "read MIMIC-CXR-JPG / Open-i / a CSV corpus (+ MS-CXR) into a manifest"  # what `medclr --help` shows
+
 log = logging.getLogger(__name__)
 
 EPILOG = """examples:
