@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from medclr.cli import is_built
-from medclr.cli import main as medclr_main
+from medclr.cli import is_built, main as medclr_main
 from medclr.errors import MedclrError
 from medclr.phantom.vocab import EVAL_PER_CLASS
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medclr.app.background import free_port, serve_in_background  # free_port: the tests import it from here
+from medclr.app.background import free_port, serve_in_background  # noqa: F401 - the tests import free_port from here
 
 SENTENCES = [
     "There is a small left pleural effusion.",

@@ -27,11 +27,11 @@ import ast
 import functools
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 MAPPED = {"medclr.app": "app", "medclr.training": "training", "medclr.evaluation": "evaluation"}
@@ -137,7 +137,7 @@ def _from_base(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def references(source: str, module: str, is_package: bool, known: frozenset[str]) -> list[Ref]:
     """What ``module`` (its ``source``) refers to among the ``known`` project modules."""
     found: list[tuple[str, str, int]] = []

@@ -14,14 +14,18 @@ same preprocessing and the same maths. The parts:
 This package re-exports their public names; ``from medclr.inference import X`` is the import to use.
 """
 
-from medclr.inference.checkpoint import DEFAULT_TAU as DEFAULT_TAU
-from medclr.inference.checkpoint import LOSS_STATE_NAME as LOSS_STATE_NAME
-from medclr.inference.checkpoint import PREPROCESS_NAME as PREPROCESS_NAME
-from medclr.inference.checkpoint import read_checkpoint_info, weights_sha256, write_preprocess
+from medclr.inference.checkpoint import (
+    DEFAULT_TAU as DEFAULT_TAU,
+    LOSS_STATE_NAME as LOSS_STATE_NAME,
+    PREPROCESS_NAME as PREPROCESS_NAME,
+    read_checkpoint_info,
+    weights_sha256,
+    write_preprocess,
+)
 from medclr.inference.engine import EncodedImage, Inference
 from medclr.inference.load import load_checkpoint
-from medclr.inference.preprocess import DEFAULT_IMAGE_SIZE as DEFAULT_IMAGE_SIZE
 from medclr.inference.preprocess import (
+    DEFAULT_IMAGE_SIZE as DEFAULT_IMAGE_SIZE,
     CropGeometry,
     ImageFiles,
     Preprocess,

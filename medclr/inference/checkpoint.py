@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from medclr.files import write_text
 from medclr.inference.preprocess import Preprocess
 from medclr.models.dual import CONFIG_NAME, WEIGHTS_NAME
-from medclr.files import write_text
 
 log = logging.getLogger(__name__)
 

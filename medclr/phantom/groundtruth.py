@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from medclr.data.groundtruth import GROUND_TRUTH_COLUMNS as GROUND_TRUTH_COLUMNS
-from medclr.data.groundtruth import GROUND_TRUTH_FILE as GROUND_TRUTH_FILE
-from medclr.data.groundtruth import attach_ground_truth as attach_ground_truth
-from medclr.data.groundtruth import read_ground_truth as read_ground_truth
+from medclr.data.groundtruth import (
+    GROUND_TRUTH_COLUMNS as GROUND_TRUTH_COLUMNS,
+    GROUND_TRUTH_FILE as GROUND_TRUTH_FILE,
+    attach_ground_truth as attach_ground_truth,
+    read_ground_truth as read_ground_truth,
+)
 
 
 def false_negative_rates(prob: np.ndarray, batch: int = 64) -> dict[str, np.ndarray]:
