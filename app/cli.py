@@ -10,6 +10,8 @@ from pathlib import Path
 
 from medclr.errors import MedclrError
 
+HELP = "serve the clinician web app (Gradio) on 127.0.0.1"  # what `medclr --help` shows
+
 log = logging.getLogger("medclr.app")
 
 # Before torch/faiss load OpenMP: idle OpenMP threads sleep instead of spinning. On a busy CPU the

@@ -9,7 +9,6 @@ with a clear note (exit 0: everything that exists has run).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -17,10 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from medclr.cli import COMMANDS
-from medclr.cli import main as medclr_main
+from medclr.cli import is_built, main as medclr_main
 from medclr.errors import MedclrError
 from medclr.phantom.vocab import EVAL_PER_CLASS
+
+HELP = "the main job: phantom data -> LM -> train -> eval -> index -> app"  # what `medclr --help` shows
 
 EPILOG = """examples:
   medclr demo                       # build everything under ~/.cache/medclr/demo, then serve on 127.0.0.1
@@ -36,7 +36,7 @@ def default_workdir() -> Path:
 @dataclass
 class Step:
     name: str
-    command: str  # key in medclr.cli.COMMANDS
+    command: str  # a `medclr` subcommand (an entry point of the medclr.commands group)
     argv: list[str]
     output: Path
 
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         if step.output.exists():
             print(f"{label}: cached ({step.output})")
             continue
-        if importlib.util.find_spec(COMMANDS[step.command][0]) is None:
+        if not is_built(step.command):
             print(f"{label}: `medclr {step.command}` is not built in this version; the demo is not yet complete.")
             print(f"done so far under {work}")
             return 0

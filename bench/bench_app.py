@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -63,15 +62,20 @@ def build_checkpoint(name: str, root: Path) -> Path:
     from transformers import BertConfig, BertForMaskedLM
 
     from medclr.inference import write_preprocess
+    from medclr.lm.fit import train_tokenizer
     from medclr.models.dual import build_dual_encoder
-    from tests.conftest_app import _tokenizer
+    from medclr.prompts import BUILTIN_PROMPTS
 
     spec = MODELS[name]
     out = root / f"ckpt_{name}"
     if (out / "model.safetensors").is_file():
         return out
     text = root / f"text_{name}"
-    tok = _tokenizer()
+    # a small vocabulary of the words the app is asked here (the weights are random either way)
+    sentences = ["left pleural effusion", "right lower lobe opacity",
+                 *(p for prompts in BUILTIN_PROMPTS.values() for sides in prompts.values() for side in sides.values()
+                   for p in side)]
+    tok = train_tokenizer(sentences, vocab_size=200, min_frequency=1)
     tok.save_pretrained(text)
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=tok.vocab_size, max_position_embeddings=128, pad_token_id=0, **spec["text"])
@@ -82,12 +86,6 @@ def build_checkpoint(name: str, root: Path) -> Path:
     model.save_pretrained(out)
     write_preprocess(out, spec["image_size"], spec["resize"])
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _upload(url: str, path: str) -> dict:
@@ -162,8 +160,8 @@ def main() -> None:
     import torch
     from pydicom.data import get_testdata_file
 
+    from medclr.app.background import serve_in_background
     from medclr.app.service import AppService
-    from medclr.app.ui import build_blocks, launch
     from medclr.inference import load_checkpoint
     from medclr.io import read_image
 
@@ -176,13 +174,9 @@ def main() -> None:
         service = AppService(engine, None)
         tag = {"model": name, "image_size": engine.preprocess.image_size, "threads": threads}
         if args.clients > 0:
-            demo = build_blocks(service)
-            _, url = launch(demo, port=_free_port(), block=False)
-            try:
+            with serve_in_background(service) as url:
                 service.ground(rg1, "left pleural effusion")  # warm-up
                 concurrent_ground(url, rg1, args.workdir, args.clients, args.requests, tag)
-            finally:
-                demo.close()
             continue
 
         def fresh():
@@ -224,9 +218,7 @@ def main() -> None:
 
         from gradio_client import Client, handle_file
 
-        demo = build_blocks(service)
-        _, url = launch(demo, port=_free_port(), block=False)
-        try:
+        with serve_in_background(service) as url:
             client = Client(url, verbose=False, analytics_enabled=False, download_files=False)
             http = []
             for i in range(args.runs + 2):
@@ -251,8 +243,6 @@ def main() -> None:
             emit("app", "zero_shot+heatmap_p50_http", round(float(np.median(http)), 3), "s", vs="goal <= 1.5 s",
                  **tag)
             emit("app", "zero_shot+heatmap_p90_http", round(float(np.percentile(http, 90)), 3), "s", **tag)
-        finally:
-            demo.close()
     emit("app", "load_avg_1min_end", round(os.getloadavg()[0], 2), "processes")
 
 

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from medclr.data.manifest import read_manifest
-    from medclr.inference.checkpoint import load_checkpoint
+    from medclr.inference import load_checkpoint
     from medclr.lm.eta import DEFAULT_A, DEFAULT_K, eta_from_pll, read_eta_table
     from medclr.lm.eta_fit import fit_eta_corpus
     from medclr.losses import build_loss

@@ -10,6 +10,8 @@ import os
 
 from medclr.errors import MedclrError
 
+HELP = "CheX5 zero-shot, MS-CXR grounding, retrieval, probes -> metrics.json + report"  # what `medclr --help` shows
+
 EPILOG = """\
 examples:
   medclr eval --checkpoint runs/dcl_lm --data phantom/ --out runs/dcl_lm/eval

@@ -14,11 +14,12 @@ import contextlib
 import functools
 import json
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from medclr.app.background import free_port, serve_in_background  # noqa: F401 - the tests import free_port from here
 
 SENTENCES = [
     "There is a small left pleural effusion.",
@@ -198,24 +199,13 @@ def index_dir(app_assets, tmp_path_factory) -> Path:
                         str(app_assets["manifest"]))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def served_app(engine, index_dir, service_kw: dict | None = None, **launch_kw):
     """The real app (the tests' checkpoint and index) on a free local port: yields (url without the trailing
     slash, the AppService); the server stops when the block ends."""
     from medclr.app.service import AppService
-    from medclr.app.ui import build_blocks, launch
     from medclr.index import load_index
 
     service = AppService(engine, load_index(index_dir, engine), **(service_kw or {}))
-    demo = build_blocks(service)
-    _, url = launch(demo, port=free_port(), block=False, **launch_kw)
-    try:
-        yield url.rstrip("/"), service
-    finally:
-        demo.close()
+    with serve_in_background(service, **launch_kw) as url:
+        yield url, service

@@ -13,6 +13,8 @@ import logging
 
 from medclr.training.config import available_configs, load_config
 
+HELP = "train image/report encoders with a contrastive loss (torchrun for many GPUs)"  # what `medclr --help` shows
+
 log = logging.getLogger(__name__)
 
 

@@ -11,6 +11,8 @@ import numpy as np
 from medclr.data.manifest import write_manifest
 from medclr.errors import MedclrError
 
+HELP = "read MIMIC-CXR-JPG / Open-i / a CSV corpus (+ MS-CXR) into a manifest"  # what `medclr --help` shows
+
 log = logging.getLogger(__name__)
 
 EPILOG = """examples:
@@ -50,11 +52,9 @@ def run(args: argparse.Namespace) -> int:
         views = None if args.views.strip().lower() == "all" else tuple(v.strip() for v in args.views.split(",") if v.strip())
         df = read_mimic_cxr_jpg(args.mimic, args.reports, views, args.image_ext, args.drop_empty)
         root = Path(args.mimic)
-        from medclr.phantom.writer import GROUND_TRUTH_FILE
+        from medclr.data.groundtruth import GROUND_TRUTH_FILE, attach_ground_truth
 
         if (root / GROUND_TRUTH_FILE).is_file():  # a CXR-Phantom set: carry its latent classes along
-            from medclr.phantom import attach_ground_truth
-
             df = attach_ground_truth(df, root)
     elif args.csv:
         from medclr.data.readers.csv_corpus import read_csv_corpus

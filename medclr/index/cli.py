@@ -11,6 +11,8 @@ from pathlib import Path
 from medclr.errors import MedclrError
 from medclr.index.vectors import EXACT_MAX, KINDS
 
+HELP = "build or extend a faiss retrieval index from a checkpoint"  # what `medclr --help` shows
+
 # Before torch/faiss load OpenMP: idle OpenMP threads sleep instead of spinning. On a busy CPU the
 # default spin-wait made a ResNet-18 forward 15x slower with 2 threads (2.5 s vs 0.16 s, docs/app.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

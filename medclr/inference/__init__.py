@@ -6,20 +6,26 @@ same preprocessing and the same maths. The parts:
 * :mod:`~medclr.inference.preprocess`: training's deterministic image view, its crop geometry, the
   DataLoader that decodes files in workers;
 * :mod:`~medclr.inference.checkpoint`: what a checkpoint dir records (``preprocess.json``, tau, eta
-  table), the weights fingerprint, :func:`load_checkpoint`;
+  table), the weights fingerprint;
 * :mod:`~medclr.inference.stats`: eta_LM and NUCLR zeta per sentence / manifest index;
-* :mod:`~medclr.inference.engine`: :class:`Inference` (embeddings, zero-shot, grounding).
+* :mod:`~medclr.inference.engine`: :class:`Inference` (embeddings, zero-shot, grounding);
+* :mod:`~medclr.inference.load`: :func:`load_checkpoint`, a checkpoint dir -> an :class:`Inference`.
 
 This package re-exports their public names; ``from medclr.inference import X`` is the import to use.
 """
 
-from medclr.inference.checkpoint import DEFAULT_TAU as DEFAULT_TAU
-from medclr.inference.checkpoint import LOSS_STATE_NAME as LOSS_STATE_NAME
-from medclr.inference.checkpoint import PREPROCESS_NAME as PREPROCESS_NAME
-from medclr.inference.checkpoint import load_checkpoint, read_checkpoint_info, weights_sha256, write_preprocess
+from medclr.inference.checkpoint import (
+    DEFAULT_TAU as DEFAULT_TAU,
+    LOSS_STATE_NAME as LOSS_STATE_NAME,
+    PREPROCESS_NAME as PREPROCESS_NAME,
+    read_checkpoint_info,
+    weights_sha256,
+    write_preprocess,
+)
 from medclr.inference.engine import EncodedImage, Inference
-from medclr.inference.preprocess import DEFAULT_IMAGE_SIZE as DEFAULT_IMAGE_SIZE
+from medclr.inference.load import load_checkpoint
 from medclr.inference.preprocess import (
+    DEFAULT_IMAGE_SIZE as DEFAULT_IMAGE_SIZE,
     CropGeometry,
     ImageFiles,
     Preprocess,

@@ -3,8 +3,8 @@
 One module reads and writes the side files (``preprocess.json``, ``config.json``, training's config and
 state, ``loss_state.safetensors``) so that training, which writes them, and every consumer, which reads
 them, agree on names and keys. :func:`read_checkpoint_info` finds ``image_size``, ``resize``, ``tau``,
-the eta table and the manifest; :func:`load_checkpoint` puts them together into an
-:class:`~medclr.inference.engine.Inference`.
+the eta table and the manifest; :func:`medclr.inference.load.load_checkpoint` puts them together into
+an :class:`~medclr.inference.engine.Inference` (this module imports no engine: the engine imports it).
 """
 
 from __future__ import annotations
@@ -16,17 +16,11 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-
-from medclr.errors import MedclrError
-from medclr.inference.preprocess import DEFAULT_IMAGE_SIZE, Preprocess
-from medclr.models.dual import CONFIG_NAME, WEIGHTS_NAME, DualEncoder
 from medclr.files import write_text
-
-if TYPE_CHECKING:
-    from medclr.inference.engine import Inference
+from medclr.inference.preprocess import Preprocess
+from medclr.models.dual import CONFIG_NAME, WEIGHTS_NAME
 
 log = logging.getLogger(__name__)
 
@@ -129,28 +123,3 @@ def _loss_tau(directory: Path) -> float | None:
     except Exception:  # noqa: BLE001
         return None
     return None
-
-
-def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "cpu", image_size: int | None = None,
-                    resize: int | None = None, tau: float | None = None) -> Inference:
-    """Load a `medclr train` checkpoint dir for inference. Arguments override what the dir records."""
-    from medclr.inference.engine import Inference  # the engine imports this module
-
-    src = Path(directory).expanduser()
-    if not src.is_dir():
-        raise MedclrError(f"checkpoint {str(src)!r}: no such directory (expected a `medclr train` output dir)")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise MedclrError(f"device {device!r}: CUDA is not available on this machine; use --device cpu")
-    model = DualEncoder.from_pretrained(src, map_location=device)
-    if model.head.kind != "cosine" and not getattr(model.head, "trained", False):
-        raise MedclrError(f"checkpoint {str(src)!r}: its {model.head.kind} head was never trained (the loss scored "
-                          "global embeddings when it was made), so its scores and heatmaps are noise; retrain with "
-                          "this version of `medclr train model.head=lse_nl`, or train with model.head=cosine")
-    if model.tokenizer is None:
-        raise MedclrError(f"checkpoint {str(src)!r}: no tokenizer/ directory; texts cannot be encoded")
-    info = read_checkpoint_info(src)
-    size = int(image_size or info["image_size"] or DEFAULT_IMAGE_SIZE)
-    rsz = resize or info["resize"]
-    pre = Preprocess(size, int(rsz) if rsz and int(rsz) >= size else None)
-    t = tau or info["tau"] or _loss_tau(src) or DEFAULT_TAU
-    return Inference(model, pre, float(t), checkpoint_dir=src, info=info, device=device)

@@ -2,7 +2,7 @@
 
 Used by the app, the index builder, the batch scorer and evaluation, so that every consumer sees the
 same preprocessing (:mod:`medclr.inference.preprocess`) and the same maths. Build one with
-:func:`medclr.inference.checkpoint.load_checkpoint`.
+:func:`medclr.inference.load_checkpoint`.
 
 * Zero-shot: for each class, the image-sentence score s (the checkpoint's similarity head, the score
   the loss was trained on) with the positive and the negative prompt set; probability =

@@ -12,6 +12,8 @@ from medclr.errors import MedclrError
 from medclr.io import read_header, read_image
 from medclr.io.limits import image_problem  # the check every scoring path makes
 
+HELP = "show the safe header fields of a radiograph and render it as medclr reads it"  # what `medclr --help` shows
+
 EPILOG = """examples:
   medclr inspect scan.dcm                 # view, size, spacing, photometric; never patient identifiers
   medclr inspect scan.dcm --png scan.png  # the image as medclr sees it (air dark, bone bright)"""

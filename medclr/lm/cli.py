@@ -8,6 +8,8 @@ import logging
 
 from medclr.errors import MedclrError
 
+HELP = "fit a domain masked LM, score sentences (PLL -> eta), calibrate eta"  # what `medclr --help` shows
+
 log = logging.getLogger(__name__)
 
 _FIT_EPILOG = """\

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 _EXPORTS = {
     "generate": "medclr.phantom.dataset",
-    "attach_ground_truth": "medclr.phantom.groundtruth",
-    "read_ground_truth": "medclr.phantom.groundtruth",
+    "attach_ground_truth": "medclr.data.groundtruth",
+    "read_ground_truth": "medclr.data.groundtruth",
     "false_negative_rates": "medclr.phantom.groundtruth",
     "load_material": "medclr.phantom.material",
     "plan_study": "medclr.phantom.plan",

@@ -9,6 +9,8 @@ import os
 from medclr.errors import MedclrError
 from medclr.phantom.vocab import EVAL_PER_CLASS
 
+HELP = "generate a CXR-Phantom image-report data set with ground truth"  # what `medclr --help` shows
+
 EPILOG = """\
 what it writes (DIR):
   files/pXX/pSUBJECT/sSTUDY/DICOM_ID.jpg   the radiograph (+ .dcm with --dicom: CR, MONOCHROME1)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from medclr.data.groundtruth import GROUND_TRUTH_FILE  # read back by medclr.data
 from medclr.data.labels import CHEXPERT_LABELS
 from medclr.files import write_text
 
@@ -28,7 +29,6 @@ CHEXPERT_COLUMNS = ("subject_id", "study_id", *CHEXPERT_LABELS)
 MSCXR_COLUMNS = ("dicom_id", "category_name", "label_text", "path", "x", "y", "w", "h", "image_width", "image_height",
                  "split")
 MSCXR_FILE = "MS_CXR_Local_Alignment_v1.1.0.csv"
-GROUND_TRUTH_FILE = "phantom_ground_truth.parquet"
 
 FINDING_TYPE = pa.struct([
     ("name", pa.string()), ("side", pa.string()), ("side_stated", pa.bool_()), ("size", pa.string()),
