@@ -1,6 +1,7 @@
 """`medclr eval`: zero-shot CheX5, MS-CXR grounding and retrieval, linear probe -> metrics.json + report.md.
 
-Only argparse at import time: the heavy modules load when the command runs.
+Only argparse at import time; ``configure`` lists the tasks (``evaluation.tasks``, light modules), and
+the heavy modules load when the command runs.
 """
 
 from __future__ import annotations
@@ -39,13 +40,13 @@ prompt file (--prompts, YAML or JSON):
 """
 
 
-TASKS = ("zeroshot", "grounding", "retrieval", "probe")  # == evaluation.runner.TASKS (tested)
-
-
 def _tasks(value: str) -> list[str]:
+    from medclr.evaluation.tasks import task_names  # the task modules, light to import
+
+    known = task_names()
     names = [t.strip() for t in value.split(",") if t.strip()]
-    if not names or any(t not in TASKS for t in names):
-        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(TASKS)}, got {value!r}")
+    if not names or any(t not in known for t in names):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(known)}, got {value!r}")
     return names
 
 
@@ -66,8 +67,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="eval", metavar="DIR", help="output directory (default: ./eval)")
     parser.add_argument("--split", default="test", choices=("test", "validate", "train"),
                         help="manifest split for zero-shot and the probe's test side (default: test)")
+    from medclr.evaluation.tasks import task_names
+
     parser.add_argument("--tasks", type=_tasks, default=None, metavar="LIST",
-                        help="comma-separated: zeroshot,grounding,retrieval,probe (default: all the data allows)")
+                        help=f"comma-separated: {','.join(task_names())} (default: all the data allows)")
     parser.add_argument("--prompts", metavar="FILE", help="paper (default: the paper's Table 2 CheX5 prompts), report "
                         "(ensembles phrased like report sentences, several per side) or a YAML/JSON prompt file")
     parser.add_argument("--max-images", type=_positive, metavar="N", help="seeded sample of N images of --split")

@@ -85,12 +85,12 @@ EXPLAIN = ("Prompt cosine: cos(positive, negative) of the class's reduced prompt
 
 def markdown_lines(z: dict) -> list[str]:
     """The single-run report's prompt-check table (nothing when the metrics lack it)."""
-    from medclr.evaluation.report import _table, fmt
+    from medclr.evaluation.markdown import fmt, table
 
     if not z or "prompt_cosine" not in z:
         return []
     rows = [[c, fmt(z["prompt_cosine"].get(c), 4), fmt(z["sign_check"].get(c)), sign_word(z["sign_check"].get(c))]
             for c in z["classes"]]
     return ["### Prompt check", "", EXPLAIN, "",
-            *_table(["class", "cos(positive, negative prompts)", "sign check: cos(zero-shot dir, image dir)", "sign"],
-                    rows), ""]
+            *table(["class", "cos(positive, negative prompts)", "sign check: cos(zero-shot dir, image dir)", "sign"],
+                   rows), ""]

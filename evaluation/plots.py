@@ -21,11 +21,13 @@ from sklearn.metrics import roc_auc_score, roc_curve
 
 __all__ = [
     "BIOVIL_CONTOUR_LEVELS",
+    "display_image",
     "figure_to_png",
     "new_figure",
     "plot_heatmap_panel",
     "plot_roc_curves",
     "save_png",
+    "save_report_figure",
 ]
 
 #: BioViL's iso-contour levels (hi-ml-multimodal; docs/evaluation.md section 5).
@@ -37,6 +39,38 @@ def new_figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+#: Report figures: images shown at most this many px on their long side, PNGs kept under ~0.9 MB.
+DISPLAY_MAX = 512
+REPORT_DPI = 100
+MAX_PNG_BYTES = 900_000
+
+
+def save_report_figure(fig: Figure, outdir: Path, name: str) -> str:
+    """Write ``fig`` to ``outdir/name`` as PNG, at a lower resolution if needed to stay under 1 MB (noisy
+    images compress badly). Returns ``name`` (the path relative to the report)."""
+    path = Path(outdir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for dpi in (REPORT_DPI, 72, 50):
+        fig.savefig(path, format="png", dpi=dpi)
+        if path.stat().st_size < MAX_PNG_BYTES:
+            break
+    return name
+
+
+def display_image(image: np.ndarray) -> tuple[np.ndarray, float]:
+    """``image`` scaled to at most DISPLAY_MAX px on its long side (antialiased), and the scale."""
+    import torch
+
+    h, w = image.shape
+    s = min(1.0, DISPLAY_MAX / max(h, w))
+    if s == 1.0:
+        return image, 1.0
+    size = (max(1, round(h * s)), max(1, round(w * s)))
+    t = torch.nn.functional.interpolate(torch.from_numpy(np.ascontiguousarray(image))[None, None].float(), size=size,
+                                        mode="bilinear", align_corners=False, antialias=True)
+    return t[0, 0].numpy(), s
 
 
 def save_png(fig: Figure, path: str | Path, dpi: int = 120) -> Path:

@@ -6,91 +6,55 @@ candidate scoring exactly as high as the correct one is ranked above it, so a co
 (uninformative) score matrix gives every query the worst rank rather than rank 1. Pass
 ``ties="optimistic"`` for the other convention (only strictly higher candidates count).
 Documented in ``docs/evaluation.md`` (section "Retrieval").
+
+The paper's metrics (:func:`ranks`, :func:`retrieval_metrics`, :func:`bidirectional_retrieval`) live in
+the core (``medclr.metrics``), because training's validation computes them too; they are re-exported
+here. :func:`text_level_retrieval` is evaluation's own view, with identical texts merged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
+import pandas as pd
 
-__all__ = ["DEFAULT_KS", "bidirectional_retrieval", "ranks", "retrieval_metrics"]
+from medclr.metrics import DEFAULT_KS, bidirectional_retrieval, ranks, retrieval_metrics
 
-DEFAULT_KS: tuple[int, ...] = (10, 50, 100)
-
-# Rows compared per block: block × n_candidates booleans stay around 64 MB for 10^4 candidates.
-_BLOCK_ELEMENTS = 1 << 26
+__all__ = ["DEFAULT_KS", "bidirectional_retrieval", "ranks", "retrieval_metrics", "text_level_retrieval"]
 
 
-def ranks(scores: np.ndarray, *, ties: str = "pessimistic") -> np.ndarray:
-    """1-based rank of the correct candidate (``c = q``) for every query ``q``.
+def text_level_retrieval(s: np.ndarray, texts, ks=(10, 50, 100)) -> dict:
+    """Retrieval where identical phrase texts are one candidate (CXR-Phantom repeats template sentences).
 
-    ``rank = 1 + #{c : s[q, c] > s[q, q]}`` plus, with ``ties="pessimistic"``, the number of
-    OTHER candidates with ``s[q, c] == s[q, q]``. Needs at least as many candidates as queries
-    (extra columns are distractors). NaN/inf scores are rejected. Exact comparisons, blocked
-    over rows: O(Q·C) time and bounded memory, fine for 10^4 × 10^4.
-    """
-    if ties not in ("pessimistic", "optimistic"):
-        raise ValueError(f"ties must be 'pessimistic' or 'optimistic', got {ties!r}")
-    s = np.asarray(scores)
-    if s.ndim != 2:
-        raise ValueError(f"scores must be a 2-D (queries, candidates) matrix, got shape {s.shape}")
-    n_q, n_c = s.shape
-    if n_q == 0:
-        raise ValueError("scores has no queries")
-    if n_c < n_q:
-        raise ValueError(f"need candidates >= queries (correct candidate of q is column q), got {s.shape}")
-    if not np.issubdtype(s.dtype, np.number) or not np.all(np.isfinite(s)):
-        raise ValueError("scores must be finite numbers (no NaN/inf)")
-    out = np.empty(n_q, dtype=np.int64)
-    block = max(1, _BLOCK_ELEMENTS // max(n_c, 1))
-    for start in range(0, n_q, block):
-        stop = min(n_q, start + block)
-        rows = s[start:stop]
-        correct = rows[np.arange(stop - start), np.arange(start, stop)][:, None]
-        if ties == "pessimistic":
-            better = np.count_nonzero(rows >= correct, axis=1) - 1  # minus the correct one itself
-        else:
-            better = np.count_nonzero(rows > correct, axis=1)
-        out[start:stop] = better + 1
-    return out
+    Image->text: each box feature ranks the DISTINCT texts (pessimistic ties). Text->image: each distinct
+    text ranks the boxes; its rank is that of its best box among those whose phrase has this text.
+    Chance R@K: K/U for i2t (U distinct texts); for t2i, 1 - C(n-g, K)/C(n, K) averaged over texts
+    (g = boxes with the text: no correct box among K drawn at random)."""
+    from scipy.special import gammaln
 
+    codes, uniq = pd.factorize(pd.Series(list(texts)))
+    n, u = len(codes), len(uniq)
+    first = np.array([np.flatnonzero(codes == c)[0] for c in range(u)])
+    a = s[:, first]  # (n boxes, u texts); duplicates have identical columns
+    correct = a[np.arange(n), codes]
+    i2t = np.count_nonzero(a >= correct[:, None], axis=1)  # 1-based, the correct one counted once
+    t2i = np.empty(u, np.int64)
+    for c in range(u):
+        col, mine = a[:, c], codes == c
+        t2i[c] = 1 + np.count_nonzero(col[~mine] >= col[mine].max())
+    g = np.bincount(codes, minlength=u)
 
-def retrieval_metrics(
-    scores: np.ndarray, ks: Sequence[int] = DEFAULT_KS, *, ties: str = "pessimistic"
-) -> dict[str, float]:
-    """``{"R@10", "R@50", "R@100", "MedR"}`` for ``scores[q, c]`` (correct candidate ``c = q``).
+    def p_hit(k: int) -> float:  # P(at least one of the g correct boxes among k random ones)
+        if k >= n:
+            return 1.0
+        lc = lambda a_, b_: gammaln(a_ + 1) - gammaln(b_ + 1) - gammaln(a_ - b_ + 1)  # noqa: E731
+        return float(np.mean([1.0 if n - gi < k else 1.0 - np.exp(lc(n - gi, k) - lc(n, k)) for gi in g]))
 
-    ``R@K`` = fraction of queries whose correct candidate has rank ≤ K (1.0 whenever
-    K ≥ number of candidates). ``MedR`` = ``np.median`` of the 1-based ranks (may end in .5
-    for an even number of queries). See :func:`ranks` for the tie policy.
-    """
-    r = ranks(scores, ties=ties)
-    out = {f"R@{int(k)}": float(np.mean(r <= int(k))) for k in ks}
-    out["MedR"] = float(np.median(r))
-    return out
-
-
-def bidirectional_retrieval(
-    scores: np.ndarray, ks: Sequence[int] = DEFAULT_KS, *, ties: str = "pessimistic"
-) -> dict[str, float]:
-    """Image→text and text→image retrieval from one square matrix ``scores[image, text]``.
-
-    Image→text uses ``scores`` (rows are image queries), text→image uses ``scores.T``.
-    Returns flat keys ``i2t/R@K``, ``i2t/MedR``, ``t2i/R@K``, ``t2i/MedR`` plus the paper's
-    Table 1 summaries: ``Recall`` = mean of R@K over K and both directions, and ``MedR`` =
-    mean of the two directions' MedR (Table 1's MedR matches the mean of Table 5's two
-    columns: (151+146)/2 → 148, (123+107)/2 = 115, (106+102)/2 = 104).
-    """
-    s = np.asarray(scores)
-    if s.ndim != 2 or s.shape[0] != s.shape[1]:
-        raise ValueError(f"bidirectional retrieval needs a square (images, texts) matrix, got {s.shape}")
-    i2t = retrieval_metrics(s, ks, ties=ties)
-    t2i = retrieval_metrics(s.T, ks, ties=ties)
-    out: dict[str, float] = {}
-    for name, res in (("i2t", i2t), ("t2i", t2i)):
-        out.update({f"{name}/{k}": v for k, v in res.items()})
-    recalls = [res[f"R@{int(k)}"] for res in (i2t, t2i) for k in ks]
-    out["Recall"] = float(np.mean(recalls))
-    out["MedR"] = float((i2t["MedR"] + t2i["MedR"]) / 2.0)
+    out = {"n_texts": int(u)}
+    for name, r in (("i2t", i2t), ("t2i", t2i)):
+        out.update({f"{name}/R@{k}": float(np.mean(r <= k)) for k in ks})
+        out[f"{name}/MedR"] = float(np.median(r))
+    out["Recall"] = float(np.mean([out[f"{d}/R@{k}"] for d in ("i2t", "t2i") for k in ks]))
+    out["MedR"] = (out["i2t/MedR"] + out["t2i/MedR"]) / 2.0
+    out["chance"] = {**{f"i2t/R@{k}": min(k, u) / u for k in ks}, **{f"t2i/R@{k}": p_hit(k) for k in ks}}
+    out["chance"]["Recall"] = float(np.mean(list(out["chance"].values())))
     return out

@@ -11,16 +11,20 @@ compare two methods trained on the same seeds.
   score, not how much one run varies (that is ``sd``).
 * ``n == 0``: every field NaN. ``n == 1``: the mean is the value, ``sd`` and the CI are NaN.
 * ±inf is kept (a degenerate CNR is ``inf`` by design): the mean is then ±inf and sd/CI NaN.
+
+:func:`pooled_entry` pools one metric of several runs' metrics (in memory or read back from
+metrics.json) and keeps each run's value beside it; each evaluation task pools its own block with it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
-__all__ = ["paired_difference", "pooled"]
+__all__ = ["metric_at", "paired_difference", "pooled", "pooled_entry"]
 
 
 def _floats(values: Iterable) -> np.ndarray:
@@ -67,3 +71,41 @@ def paired_difference(a: Iterable, b: Iterable, level: float = 0.95) -> dict[str
     with np.errstate(invalid="ignore"):
         d = x[keep] - y[keep]
     return _summarise(d[~np.isnan(d)], level)  # inf − inf is NaN: dropped as undefined
+
+
+# --------------------------------------------------------------------------- several runs' metrics
+
+
+def _num(x: Any) -> float:
+    """A metric value from memory or from metrics.json (null -> NaN, "inf"/"-inf" -> ±inf)."""
+    if x is None:
+        return math.nan
+    if isinstance(x, str):
+        return {"inf": math.inf, "-inf": -math.inf}.get(x, math.nan)
+    return float(x)
+
+
+def metric_at(m: dict, *path: str) -> Any:
+    """``m[path[0]][path[1]]...``, or None where a key is missing."""
+    for key in path:
+        if not isinstance(m, dict) or key not in m:
+            return None
+        m = m[key]
+    return m
+
+
+def _ci(x: Any) -> list[float] | None:
+    if not isinstance(x, (list, tuple)) or len(x) != 2:
+        return None
+    lo, hi = _num(x[0]), _num(x[1])
+    return None if math.isnan(lo) or math.isnan(hi) else [lo, hi]
+
+
+def pooled_entry(runs: list[dict], path: tuple[str, ...], ci_path: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """:func:`pooled` of one metric over the runs, plus each run's value (and bootstrap CI, if any)
+    as ``per_checkpoint``: ``[{"value", "ci"}]`` in run order."""
+    values = [_num(metric_at(m, *path)) for m in runs]
+    e: dict[str, Any] = pooled(values)
+    e["per_checkpoint"] = [{"value": v, "ci": _ci(metric_at(m, *ci_path)) if ci_path else None}
+                           for v, m in zip(values, runs)]
+    return e

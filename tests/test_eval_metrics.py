@@ -352,7 +352,7 @@ def test_zero_shot_matches_sklearn_and_ignores_uncertain():
 
 
 def test_zero_shot_bootstrap_ci_and_vectorised_auc():
-    from medclr.evaluation.zeroshot import _bootstrap_auc
+    from medclr.metrics import _bootstrap_auc
 
     rng = np.random.default_rng(6)
     y = _labels(250, 5, seed=6)

@@ -235,7 +235,8 @@ def test_planted_signal_through_the_runner_geometry():
     RoIAlign and map geometry must retrieve and ground them (so chance above is the model's)."""
     from medclr.evaluation.grounding import CropGeometry
     from medclr.evaluation.retrieval import bidirectional_retrieval
-    from medclr.evaluation.runner import box_feature, ground_one, retrieval_scores
+    from medclr.evaluation.task_grounding import ground_one
+    from medclr.evaluation.task_retrieval import box_feature, retrieval_scores
 
     geo = CropGeometry.from_resize_crop((200, 160), 72, 64)  # portrait: rows are cropped
     gh = gw = 8
@@ -266,8 +267,7 @@ def test_planted_signal_through_the_runner_geometry():
 
 
 def test_text_level_retrieval_merges_identical_texts():
-    from medclr.evaluation.retrieval import bidirectional_retrieval
-    from medclr.evaluation.runner import text_level_retrieval
+    from medclr.evaluation.retrieval import bidirectional_retrieval, text_level_retrieval
 
     texts = ["a", "a", "b", "c", "c", "c"]
     onehot = np.eye(3)[pd.factorize(pd.Series(texts))[0]]
@@ -298,10 +298,6 @@ def test_bad_data_path_is_one_clear_line(small, tmp_path):
 
 
 def test_unavailable_task_and_bad_args(small, tmp_path, capsys):
-    from medclr.evaluation.cli import TASKS
-    from medclr.evaluation.runner import TASKS as RUNNER_TASKS
-
-    assert TASKS == RUNNER_TASKS
     d, root, ckpt = small
     (tmp_path / "bare").mkdir()
     for f in ("files", "mimic-cxr-2.0.0-metadata.csv.gz", "mimic-cxr-2.0.0-split.csv.gz", "mimic-cxr-2.0.0-chexpert.csv.gz"):
@@ -337,3 +333,67 @@ def test_unreadable_image_is_recorded_and_left_out_and_phrase_selection(small, t
     m = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert m["grounding"]["n_phrases"] == 12 and any("train split" in n for n in m["notes"])
     assert "train split" in (tmp_path / "a" / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------- the task registry
+
+
+def test_tasks_are_the_task_modules_in_report_order():
+    from medclr.evaluation.report import SUMMARY_KEYS
+    from medclr.evaluation.runner import TASKS
+    from medclr.evaluation.tasks import task_names
+
+    assert task_names() == TASKS == ("zeroshot", "grounding", "retrieval", "probe")
+    assert SUMMARY_KEYS == ("AUC", "ACC", "CNR", "mIoU", "Recall", "MedR")  # the paper's Table 1 row
+
+
+def test_a_new_task_is_one_module(small, tmp_path, monkeypatch):
+    """A task defined in one place reaches metrics.json, phrases.csv, Table 1, report.md and the pooled
+    report without any other change (the registry is extended here as a task_*.py file would extend it)."""
+    from medclr.evaluation import tasks as registry
+    from medclr.evaluation.seeds_run import evaluate_seeds
+    from medclr.evaluation.tasks import Column, Task
+
+    class PhraseLength(Task):  # the number of words of each phrase: a toy, but a real task
+        name, order, uses, columns = "phrase_length", 25, frozenset({"phrases"}), (Column("Words", "↓", 1),)
+
+        def unavailable(self, inp):
+            return None if len(inp.phrases) else "no MS-CXR phrases"
+
+        def run(self, inp):
+            words = inp.phrases.table["text"].str.split().str.len()
+            return {"mean_words": float(words.mean())}, pd.DataFrame({"words": words.to_numpy()})
+
+        def summary(self, block):
+            return {"Words": block["mean_words"]}
+
+        def section(self, metrics, block, figs):
+            return ["## Phrase length", "", f"{block['mean_words']:.2f} words per phrase", ""]
+
+        def pool(self, runs, summary):
+            from medclr.evaluation.seeds import pooled_entry
+
+            return {"mean_words": pooled_entry(runs, ("phrase_length", "mean_words"))}
+
+        def pooled_section(self, pooled, names):
+            return ["## Phrase length (pooled)", "", f"n = {pooled['mean_words']['n']}", ""]
+
+    builtin = registry.tasks()
+    monkeypatch.setattr(registry, "_registry", lambda: tuple(sorted((*builtin, PhraseLength()), key=lambda t: t.order)))
+    d, root, ckpt = small
+    assert medclr_main("eval", "--checkpoint", ckpt, "--data", root, "--out", tmp_path / "o", "--n-boot", 0,
+                       "--tasks", "zeroshot,phrase_length", "--no-figures") == 0
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    per = pd.read_csv(tmp_path / "o" / "phrases.csv")
+    words = [len(t.split()) for t in per["text"]]
+    assert m["tasks"] == ["zeroshot", "phrase_length"] and m["phrase_length"]["mean_words"] == pytest.approx(np.mean(words))
+    assert per["words"].tolist() == words
+    assert list(m["summary"]) == ["AUC", "ACC", "CNR", "mIoU", "Words", "Recall", "MedR"]  # its place: order 25
+    assert m["summary"]["Words"] == m["phrase_length"]["mean_words"] and m["summary"]["CNR"] is None
+    report = (tmp_path / "o" / "report.md").read_text()
+    assert "| mIoU ↑ | Words ↓ | Recall ↑ |" in report and "| DCL-η_LM (paper) | 0.86 | 0.72 | 1.49 | 0.20 | – |" in report
+    assert report.index("## Zero-shot") < report.index("## Phrase length") and "words per phrase" in report
+    pooled = evaluate_seeds([str(ckpt), str(ckpt)], str(root), str(tmp_path / "R"), tasks=["phrase_length"], n_boot=0,
+                            figures=False)
+    assert pooled["summary"]["Words"] == pytest.approx(np.mean(words)) and pooled["pooled"]["phrase_length"]["mean_words"]["n"] == 2
+    assert "## Phrase length (pooled)\n\nn = 2" in (tmp_path / "R" / "report.md").read_text()

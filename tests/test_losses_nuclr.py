@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from medclr.errors import MedclrError
 from medclr.losses import NUCLRLoss, SogCLRLoss, build_loss
 
 
@@ -277,3 +278,89 @@ def test_duplicate_indices_are_deterministic():
         assert torch.equal(x, y)
     for k in outs[0][1]:
         assert torch.equal(outs[0][1][k], outs[1][1][k])
+
+
+# --------------------------------------------------------------------------- trainer hooks: freeze and zeta schedule
+
+
+def _cosine_lr(base, t, freeze, total):
+    """The paper's zeta step size, written out: base until the freeze ends, then base/2 (1 + cos(pi x progress))."""
+    if t < freeze:
+        return base
+    return base / 2 * (1 + math.cos(math.pi * min(1.0, (t - freeze) / (total - freeze))))
+
+
+def test_hooks_freeze_in_epochs_and_cosine_zeta_schedule_match_the_closed_form():
+    """configure() turns 1.5 epochs of 2 steps into a 3-step freeze; on_step() sets the cosine step sizes.
+    A twin loss given the closed-form step sizes by hand must end with the same tables, step by step."""
+    n, spe, total, freeze = 12, 2, 9, 3
+    kw = dict(tau=0.1, gamma=0.8, zeta_lr=0.05, zeta_lr_img=0.03, zeta_init=-0.05)
+    hooked = NUCLRLoss(n, freeze_zeta_epochs=1.5, zeta_lr_schedule="cosine", **kw)
+    assert hooked.configure(num_samples=n, steps_per_epoch=spe, total_steps=total) == []
+    assert hooked.freeze_zeta_steps == freeze
+    twin = NUCLRLoss(n, freeze_zeta_steps=freeze, **kw)
+    gen = torch.Generator().manual_seed(3)
+    for t in range(total):
+        img, txt = _emb(6, seed=20 + t)
+        idx = torch.randperm(n, generator=gen)[:6]
+        hooked.on_step(t, total)
+        twin.zeta_lr, twin.zeta_lr_img = _cosine_lr(0.05, t, freeze, total), _cosine_lr(0.03, t, freeze, total)
+        assert hooked.zeta_lr == pytest.approx(twin.zeta_lr, rel=1e-14, abs=1e-18)
+        assert hooked.zeta_lr_img == pytest.approx(twin.zeta_lr_img, rel=1e-14, abs=1e-18)
+        hooked(img, txt, index=idx)
+        twin(img, txt, index=idx)
+        for k, v in twin.state_dict().items():
+            torch.testing.assert_close(hooked.state_dict()[k], v, rtol=1e-12, atol=1e-12)
+        frozen = bool(torch.all(hooked.zeta_txt == -0.05) and torch.all(hooked.zeta_img == -0.05))
+        assert frozen == (t < freeze), t  # zeta first moves at step `freeze`
+    assert hooked.zeta_lr == pytest.approx(0.05 / 2 * (1 + math.cos(math.pi * 5 / 6)))  # the last step's size
+    # the default schedule is constant: on_step leaves the step sizes alone
+    const = NUCLRLoss(n, **kw)
+    const.on_step(5, total)
+    assert (const.zeta_lr, const.zeta_lr_img, const.freeze_zeta_steps) == (0.05, 0.03, 0)
+
+
+def test_hooked_schedule_resumes_exactly(tmp_path):
+    """A loss rebuilt mid-run (configure again, tables from the checkpoint) continues to the bit: the
+    schedule is a function of the step, the freeze counter a buffer."""
+    n, total = 10, 8
+    make = lambda: NUCLRLoss(n, tau=0.1, zeta_lr=0.1, freeze_zeta_epochs=1, zeta_lr_schedule="cosine")  # noqa: E731
+    batches = [(_emb(5, seed=40 + t), torch.randperm(n, generator=torch.Generator().manual_seed(t))[:5])
+               for t in range(total)]
+
+    def steps(loss, ts):
+        for t in ts:
+            (img, txt), idx = batches[t]
+            loss.on_step(t, total)
+            loss(img, txt, index=idx)
+
+    straight, first = make(), make()
+    for loss in (straight, first):
+        loss.configure(num_samples=n, steps_per_epoch=3, total_steps=total)
+    steps(straight, range(total))
+    steps(first, range(4))
+    save_file({k: v.contiguous() for k, v in first.state_dict().items()}, str(tmp_path / "loss_state.safetensors"))
+    resumed = make()
+    resumed.configure(num_samples=n, steps_per_epoch=3, total_steps=total)
+    resumed.load_state_dict(load_file(str(tmp_path / "loss_state.safetensors")))
+    steps(resumed, range(4, total))
+    for k, v in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[k], v), k
+
+
+def test_hook_options_are_checked_and_a_whole_run_freeze_warns():
+    n = 8
+    with pytest.raises(MedclrError, match="not both"):
+        NUCLRLoss(n, freeze_zeta_epochs=1, freeze_zeta_steps=2)
+    with pytest.raises(MedclrError, match="zeta_lr_schedule 'linear': expected one of constant, cosine"):
+        NUCLRLoss(n, zeta_lr_schedule="linear")
+    with pytest.raises(MedclrError, match="freeze_zeta_epochs: expected a number of epochs >= 0"):
+        NUCLRLoss(n, freeze_zeta_epochs=-1)
+    loss = NUCLRLoss(n, freeze_zeta_epochs=5)
+    img, txt = _emb(4, seed=1)
+    with pytest.raises(MedclrError, match="needs the run's steps per epoch"):  # never silently unfrozen
+        loss(img, txt, index=torch.arange(4))
+    (warning,) = loss.configure(num_samples=n, steps_per_epoch=2, total_steps=10)
+    assert loss.freeze_zeta_steps == 10 and "covers the whole run (10 steps)" in warning
+    assert loss.configure(num_samples=n, steps_per_epoch=2, total_steps=11) == []
+    assert build_loss("infonce").configure(num_samples=n, steps_per_epoch=2, total_steps=11) == []  # the default hooks

@@ -176,6 +176,8 @@ def test_config_layers_presets_and_overrides():
     ("infonce", ["optim.lrr=1"], "'optim.lrr' is unknown (did you mean 'optim.lr'?)"),
     ("infonce", ["loss.temperature=1"], "not an argument of loss infonce"),
     ("infonce", ["train.batch_size=abc"], "expected a number"),
+    ("sogclr", ["loss.freeze_zeta_epochs=1"], "config loss.freeze_zeta_epochs: not an argument of loss sogclr"),
+    ("infonce", ["loss.zeta_lr_schedule=cosine"], "config loss.zeta_lr_schedule: not an argument of loss infonce"),
     ("nope", [], "no such file"),
 ])
 def test_bad_config_is_one_clear_line(config, overrides, message):
@@ -276,8 +278,8 @@ def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head)
     n_steps = 3
     # with the rule hard negatives on and finding sentences drawn first: their draws must resume exactly too
     args = ("train.batch_size=8", f"train.max_steps={2 * n_steps}", f"ckpt.every={n_steps}", "ckpt.keep_last=5",
-            "loss.freeze_zeta_epochs=0", f"model.head={head}", "model.output_stride=16", "hard_negatives.weight=1",
-            "data.sentence_sampling=findings")
+            "loss.freeze_zeta_epochs=1", f"model.head={head}", "model.output_stride=16", "hard_negatives.weight=1",
+            "data.sentence_sampling=findings")  # zeta frozen for 2 steps, then nuclr.yaml's cosine step size
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     # The straight 2N-step run and the resumed run go through the CLI in this process (saves two
     # interpreter start-ups); the run that is killed must be a real process.
@@ -302,6 +304,7 @@ def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head)
             assert torch.equal(a[k], b[k]), (name, k, float((a[k].double() - b[k].double()).abs().max()))
     tables = _tensors(killed / "loss_state.safetensors")
     assert {"u_img", "u_txt", "zeta_img", "zeta_txt"} <= tables.keys() and int(tables["step"]) == 2 * n_steps
+    assert not torch.equal(tables["zeta_txt"], torch.full((16,), -0.05))  # zeta moved after the freeze
     la = [m["loss"] for m in _metrics(straight) if "loss" in m]
     lb = [m["loss"] for m in _metrics(killed) if "loss" in m]
     assert len(lb) == 2 * n_steps and la == lb  # metrics.jsonl: the killed run's extra lines were dropped
@@ -344,6 +347,25 @@ def test_missing_text_model_and_existing_run_are_refused(tiny, tmp_path):
     cfg = load_config("infonce", [*common, f"data.manifest={manifest}"])
     with pytest.raises(MedclrError, match="no checkpoint"):
         preflight(cfg, "auto", 1)
+
+
+def test_loss_options_reach_the_loss_through_its_hooks(tiny, tmp_path):
+    """nuclr's freeze_zeta_epochs / zeta_lr_schedule keep their meaning; the loss converts and checks them
+    itself (its configure hook, in preflight: before any model is built)."""
+    from medclr.training.config import load_config
+    from medclr.training.loop import preflight
+
+    manifest, lm = tiny
+    common = [*TINY, "train.batch_size=8", f"data.manifest={manifest}", f"model.text={lm}", f"out={tmp_path / 'o'}"]
+    plan = preflight(load_config("nuclr", [*common, "train.max_steps=40"]), None, 1)
+    assert plan.steps_per_epoch == 2 and plan.loss.freeze_zeta_steps == 10  # nuclr.yaml: 5 epochs
+    assert plan.loss.zeta_lr_schedule == "cosine" and plan.loss_warnings == []
+    plan = preflight(load_config("nuclr", [*common, "train.max_steps=6"]), None, 1)
+    assert len(plan.loss_warnings) == 1 and "covers the whole run (6 steps)" in plan.loss_warnings[0]
+    with pytest.raises(MedclrError, match="zeta_lr_schedule 'linear': expected one of constant, cosine"):
+        preflight(load_config("nuclr", [*common, "loss.zeta_lr_schedule=linear"]), None, 1)
+    with pytest.raises(MedclrError, match="set freeze_zeta_epochs or freeze_zeta_steps, not both"):
+        preflight(load_config("nuclr", [*common, "loss.freeze_zeta_steps=3"]), None, 1)
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@
 Resolution order (later wins):  base.yaml < preset_<preset>.yaml < method.yaml (and whatever it
 extends, minus base) < command-line overrides. ``configs/base.yaml`` is the schema: a key it
 does not list is an error (with a suggestion), except inside ``loss:``, whose keys are the
-chosen loss's constructor arguments and are checked by ``medclr.losses.build_loss``.
+chosen loss's constructor arguments: their names are checked here against its signature, their
+values by the loss itself (``medclr.losses.build_loss``, in ``training.loop.preflight``).
 
 Everything here is cheap (no torch), so a bad config fails with one line before any work.
 """
@@ -25,7 +26,7 @@ from medclr.errors import MedclrError
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 ROOT_CONFIG = "base"
 # Keys of the `loss:` section that the trainer consumes itself; the rest go to build_loss.
-TRAINER_LOSS_KEYS = ("name", "eta_source", "freeze_zeta_epochs", "zeta_lr_schedule")
+TRAINER_LOSS_KEYS = ("name", "eta_source")
 ETA_SOURCES = ("none", "lm", "true")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
@@ -297,15 +298,6 @@ def _validate_loss(cfg: dict) -> None:
     for key in loss_kwargs(cfg):
         if not accepts_any and key not in known:
             raise MedclrError(f"config loss.{key}: not an argument of loss {name}{_suggest(key, known, 'loss.')}")
-    if "freeze_zeta_epochs" in loss and "freeze_zeta_steps" not in params:
-        raise MedclrError(f"config loss.freeze_zeta_epochs: loss {name} has no zeta to freeze")
-    if "zeta_lr_schedule" in loss:
-        if "zeta_lr" not in params:
-            raise MedclrError(f"config loss.zeta_lr_schedule: loss {name} has no zeta step size to schedule")
-        if loss["zeta_lr_schedule"] not in ("constant", "cosine"):
-            raise MedclrError(f"config loss.zeta_lr_schedule {loss['zeta_lr_schedule']!r}: expected constant or cosine")
-    if "freeze_zeta_epochs" in loss and "freeze_zeta_steps" in loss:
-        raise MedclrError("config loss: set freeze_zeta_epochs or freeze_zeta_steps, not both")
 
 
 def needs_num_samples(name: str) -> bool:

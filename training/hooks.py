@@ -5,10 +5,10 @@ Only rank 0 reports. ``OUT/metrics.jsonl`` gets one JSON object per logging step
 (``{"step", "val/...": ...}``). On resume, lines beyond the resumed step (written by the killed
 run after its last checkpoint) are dropped, so the file reads as one uninterrupted run.
 
-Validation calls the evaluation package when it is installed (CheX5 zero-shot AUC with the
-paper's prompts, image->report retrieval); without it only the positive-pair cosine is logged.
-The zero-shot scores are `medclr eval`'s (``medclr.prompts``: prompts reduced from unnormalised
-projections, scored by the model's own similarity head).
+Validation logs the positive/negative-pair cosines, image->report retrieval and, with labels, the
+CheX5 zero-shot AUC with the paper's prompts. Scores and metrics are `medclr eval`'s own, from the
+core: ``medclr.prompts`` (prompts reduced from unnormalised projections, scored by the model's own
+similarity head) and ``medclr.metrics`` (R@K, AUC); training imports nothing from evaluation.
 It is RNG-neutral (fork_rng, eval mode), so validating never changes what training does next.
 """
 
@@ -160,21 +160,19 @@ class Validator:
 
     def _zero_shot_prompts(self, model, labels, prompts=None):
         """CheX5 prompts (default: the paper's) reduced as `medclr eval` reduces them (``medclr.prompts``),
-        or None without labels or without the evaluation package (which computes the AUC)."""
+        or None without labels."""
         if labels is None:
             return None
-        try:
-            from medclr.evaluation.zeroshot import PAPER_PROMPTS
-        except ImportError:
-            return None
         from medclr.data.labels import CHEX5
-        from medclr.prompts import prompt_embeddings
+        from medclr.prompts import CHEX5_PROMPTS, prompt_embeddings
 
-        prompts = PAPER_PROMPTS if prompts is None else prompts
+        prompts = CHEX5_PROMPTS if prompts is None else prompts
         return prompt_embeddings(lambda texts: self._embed_texts(model, texts, normalize=False),
                                  {c: prompts[c] for c in CHEX5})
 
     def _score(self, model, ds) -> dict:
+        from medclr.metrics import retrieval_metrics, zero_shot_metrics  # scipy, scikit-learn: only when validating
+
         t0 = time.perf_counter()
         table = ds.table
         prompts = self._zero_shot_prompts(model, table.labels)
@@ -189,15 +187,9 @@ class Validator:
         scores = img_n @ rep.T
         res: dict = {"val/pos_cosine": float(np.mean(np.diag(scores))),
                      "val/neg_cosine": float((scores.sum() - np.trace(scores)) / max(1, scores.size - len(scores)))}
-        try:
-            from medclr.evaluation.retrieval import retrieval_metrics
-
-            r = retrieval_metrics(scores, ks=(1, 5, 10))
-            res.update({f"val/i2t_{k}": float(v) for k, v in r.items()})
-        except ImportError:
-            pass
+        r = retrieval_metrics(scores, ks=(1, 5, 10))
+        res.update({f"val/i2t_{k}": float(v) for k, v in r.items()})
         if s_pos is not None:
-            from medclr.evaluation.zeroshot import zero_shot_metrics
             from medclr.data.labels import CHEX5
 
             m = zero_shot_metrics(s_pos, s_neg, table.labels, classes=CHEX5, n_boot=0)

@@ -15,6 +15,10 @@ index) (training/data.py); the sampler position is the step (training/sampler.py
 else (model, optimizer, scheduler incl. a time-budget step count, scaler, loss tables, RNGs)
 is in the checkpoint (training/checkpoint.py). The DataLoader gets its own torch.Generator so
 creating an iterator never consumes the global RNG that dropout draws from.
+
+A loss with a schedule keeps it itself (``medclr.losses.base``: ``configure`` is called once in
+``preflight``, ``on_step`` before every step), as a function of the step or in its checkpointed
+buffers; this loop names no loss and no loss option.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 from torch import nn
 
 from medclr.errors import MedclrError
+from medclr.losses.base import ContrastiveLoss
 from medclr.losses.distributed import score_blocks
 from medclr.losses.hard_negatives import hard_negative_term
 from medclr.training import checkpoint as ckpt_mod
@@ -38,7 +43,7 @@ from medclr.training.config import dump_yaml, loss_kwargs, needs_num_samples
 from medclr.training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table
 from medclr.training.distributed import DistEnv, all_reduce_mean, average_grads, barrier, broadcast_object, cleanup, env_world, setup
 from medclr.training.hooks import MetricsLogger, Validator
-from medclr.training.optim import WarmupCosine, build_optimizer, param_groups, zeta_lr_at
+from medclr.training.optim import WarmupCosine, build_optimizer, param_groups
 from medclr.training.sampler import GlobalBatchSampler
 
 log = logging.getLogger(__name__)
@@ -74,6 +79,8 @@ class Plan:
     resume_state: dict | None
     steps_per_epoch: int
     total_steps: int
+    loss: ContrastiveLoss  # built (its argument values checked) and configured for this run
+    loss_warnings: list[str]
 
 
 def resolve_text_model(cfg: dict) -> str:
@@ -120,8 +127,23 @@ def preflight(cfg: dict, resume: str | None, world_size: int) -> Plan:
     elif ckpt_mod.latest_checkpoint(out) is not None:
         raise MedclrError(f"out {out} already holds a training run ({ckpt_mod.latest_checkpoint(out).name}); "
                           "pass --resume to continue it, or choose another out")
+    loss, warnings = configured_loss(cfg, n, spe, total)
     check_images_exist(table, cfg["data"]["manifest"])
-    return Plan(cfg, out, text_model, table, ckpt, state, spe, total)
+    return Plan(cfg, out, text_model, table, ckpt, state, spe, total, loss, warnings)
+
+
+def configured_loss(cfg: dict, num_samples: int, steps_per_epoch: int,
+                    total_steps: int) -> tuple[ContrastiveLoss, list[str]]:
+    """The run's loss, built from the `loss:` section and fitted to the run by its own ``configure``
+    hook (e.g. NUCLR's freeze in epochs -> steps), with the warnings that hook returns."""
+    from medclr.losses import build_loss
+
+    kwargs = loss_kwargs(cfg)
+    if needs_num_samples(cfg["loss"]["name"]):
+        kwargs["num_samples"] = num_samples
+    loss = build_loss(cfg["loss"]["name"], **kwargs)
+    warnings = loss.configure(num_samples=num_samples, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+    return loss, list(warnings or [])
 
 
 def _amp(cfg: dict, device: torch.device):
@@ -152,8 +174,7 @@ def train(cfg: dict, resume: str | None = None) -> dict:
         cleanup()
 
 
-def _build(plan: Plan, env: DistEnv):
-    from medclr.losses import build_loss
+def _build(plan: Plan, env: DistEnv) -> tuple[nn.Module, ContrastiveLoss]:
     from medclr.models import build_dual_encoder
 
     cfg, m = plan.cfg, plan.cfg["model"]
@@ -168,196 +189,250 @@ def _build(plan: Plan, env: DistEnv):
                                output_stride=int(m["output_stride"]), stages=int(m["stages"]))
     if m["head"] != "cosine":
         model.head.trained = True  # the loss scores pairs through it (TwoTower, score_blocks)
-    kwargs = loss_kwargs(cfg)
-    if needs_num_samples(cfg["loss"]["name"]):
-        kwargs["num_samples"] = len(plan.table)
-    if "freeze_zeta_epochs" in cfg["loss"]:
-        kwargs["freeze_zeta_steps"] = int(round(float(cfg["loss"]["freeze_zeta_epochs"]) * plan.steps_per_epoch))
-        if kwargs["freeze_zeta_steps"] >= plan.total_steps and env.is_main:
-            log.warning("loss.freeze_zeta_epochs=%s covers the whole run (%d steps): zeta is never updated "
-                        "(short runs: pass loss.freeze_zeta_epochs=1 or 0)", cfg["loss"]["freeze_zeta_epochs"],
-                        plan.total_steps)
-    loss = build_loss(cfg["loss"]["name"], **kwargs)
-    torch.manual_seed(seed + 7919 * env.rank)  # per-rank dropout streams from here on
-    return model.to(env.device), loss.to(env.device)
-
-
-def _run(plan: Plan, env: DistEnv) -> dict:
-    cfg, out = plan.cfg, plan.out
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers fork after the tokenizer is used
     if env.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt_mod.clean_stale(out)
-    model, loss = _build(plan, env)
-    head = None if model.head.kind == "cosine" else model.head
-    tower = TwoTower(model.image_encoder, model.text_encoder, head)
+        for warning in plan.loss_warnings:
+            log.warning("loss %s: %s", cfg["loss"]["name"], warning)
+    torch.manual_seed(seed + 7919 * env.rank)  # per-rank dropout streams from here on
+    return model.to(env.device), plan.loss.to(env.device)
+
+
+def _optimizer(cfg: dict, model: nn.Module, loss: nn.Module, tower: nn.Module, total: int, device: torch.device):
+    """AdamW over the towers, the head and the loss's parameters, and its warm-up + cosine schedule."""
     o = cfg["optim"]
     groups = param_groups(model, loss, [tower], float(o["lr"]), None if o["lr_text"] is None else float(o["lr_text"]),
                           float(o["weight_decay"]))
-    optimizer = build_optimizer(groups, cfg, env.device)
-    schedule = WarmupCosine(int(o["warmup_steps"]), plan.total_steps, float(o["min_lr_ratio"]))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    amp_dtype = _amp(cfg, env.device)
-    scaler = torch.amp.GradScaler(env.device.type) if amp_dtype == torch.float16 else None
+    optimizer = build_optimizer(groups, cfg, device)
+    schedule = WarmupCosine(int(o["warmup_steps"]), total, float(o["min_lr_ratio"]))
+    return optimizer, schedule, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
-    ds = PairDataset(plan.table, cfg, cache_progress=env.is_main and cfg["log"]["progress"] is True)
-    sampler = GlobalBatchSampler(len(ds), int(cfg["train"]["batch_size"]), env.rank, env.world_size, int(cfg["seed"]))
-    step, state = 0, {"budget_fixed": cfg["train"]["max_minutes"] is None, "elapsed_s": 0.0}
-    if plan.resume is not None:
-        state = ckpt_mod.load_checkpoint(plan.resume, model=model, loss=loss, optimizer=optimizer,
-                                         scheduler=scheduler, scaler=scaler, env=env)
-        step = int(state["step"])
-        if not state.get("rng_restored"):
-            log.warning("resume: no RNG state for rank %d (world size changed?); dropout will differ", env.rank)
-        if env.is_main:
-            log.info("resumed from %s at step %d of %d", plan.resume, step, plan.total_steps)
-    sampler.step = step
-    total = plan.total_steps
-    schedule.total = total
 
+def _runner(tower: nn.Module, cfg: dict, env: DistEnv) -> nn.Module:
+    """The tower as the steps call it: inside DDP on several processes, compiled when asked."""
     runner: nn.Module = tower
     if env.enabled:
         runner = nn.parallel.DistributedDataParallel(
             tower, device_ids=[env.device.index] if env.device.type == "cuda" else None, gradient_as_bucket_view=True)
     if cfg["train"]["compile"]:
         runner = torch.compile(runner)
+    return runner
+
+
+def _loader(ds: PairDataset, sampler: GlobalBatchSampler, cfg: dict, env: DistEnv, text_encoder: nn.Module):
     nw = _num_workers(cfg, env)
-    hard_weight, hard_tau = float(cfg["hard_negatives"]["weight"]), float(cfg["hard_negatives"]["tau"])
-    loader = torch.utils.data.DataLoader(
-        ds, batch_sampler=sampler, num_workers=nw, collate_fn=Collate(model.text_encoder),
+    return torch.utils.data.DataLoader(
+        ds, batch_sampler=sampler, num_workers=nw, collate_fn=Collate(text_encoder),
         pin_memory=env.device.type == "cuda", persistent_workers=nw > 0, prefetch_factor=4 if nw else None,
         generator=torch.Generator().manual_seed(int(cfg["seed"])))
 
-    metrics = MetricsLogger(out, cfg, env.is_main, step, total)
-    validator = Validator(cfg, env.device, amp_dtype) if (cfg["val"]["every"] is not None and env.is_main) else None
-    clip = float(o["grad_clip"] or 0.0)
-    all_params = [p for g in optimizer.param_groups for p in g["params"]]
-    loss_params = [p for p in loss.parameters() if p.requires_grad]
-    zeta_sched = cfg["loss"].get("zeta_lr_schedule")
-    zeta_base = (getattr(loss, "zeta_lr", None), getattr(loss, "zeta_lr_img", None))
-    freeze = int(getattr(loss, "freeze_zeta_steps", 0))
-    gb = int(cfg["train"]["batch_size"])
-    model.train()
-    loss.train()
 
-    def trainer_state(last_loss: float | None) -> dict:
-        epoch, k = sampler.position(step)
-        return {"step": step, "epoch": epoch, "batch_in_epoch": k, "total_steps": total,
-                "budget_fixed": state["budget_fixed"], "elapsed_s": elapsed(), "steps_per_epoch": plan.steps_per_epoch,
-                "n_train": len(ds), "fingerprint": plan.table.fingerprint, "global_batch": gb,
-                "world_size": env.world_size, "seed": int(cfg["seed"]), "loss": cfg["loss"]["name"],
-                "manifest": str(cfg["data"]["manifest"]), "text_model": plan.text_model, "last_loss": last_loss,
-                "torch": torch.__version__, "config": cfg}
+def _run(plan: Plan, env: DistEnv) -> dict:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers fork after the tokenizer is used
+    if env.is_main:
+        plan.out.mkdir(parents=True, exist_ok=True)
+        ckpt_mod.clean_stale(plan.out)
+    run = Run(plan, env)
+    try:
+        run.steps()
+        run.finish()
+    finally:
+        run.metrics.close()
+    return run.summary()
 
-    t_run = time.perf_counter()
-    elapsed0 = float(state.get("elapsed_s", 0.0))
 
-    def elapsed() -> float:
-        return elapsed0 + time.perf_counter() - t_run
+class Run:
+    """One rank's training run: the parts built from the plan (in an order that keeps the RNG
+    streams of a resumed run), the step counter, the clock, and the steps."""
 
-    def save(last_loss: float | None) -> None:
-        ckpt_mod.save_checkpoint(out=out, step=step, model=model, loss=loss, optimizer=optimizer, scheduler=scheduler,
-                                 scaler=scaler, trainer_state=trainer_state(last_loss), config_yaml=dump_yaml(cfg),
-                                 preprocess=(int(cfg["data"]["crop"]), int(cfg["data"]["resize"])), env=env,
-                                 keep_last=int(cfg["ckpt"]["keep_last"]), barrier=lambda: barrier(env),
-                                 sample_index=plan.table.manifest_index)
+    def __init__(self, plan: Plan, env: DistEnv) -> None:
+        cfg = plan.cfg
+        self.plan, self.env, self.cfg = plan, env, cfg
+        self.model, self.loss = _build(plan, env)
+        self.head = None if self.model.head.kind == "cosine" else self.model.head
+        tower = TwoTower(self.model.image_encoder, self.model.text_encoder, self.head)
+        self.optimizer, self.schedule, self.scheduler = _optimizer(cfg, self.model, self.loss, tower,
+                                                                   plan.total_steps, env.device)
+        self.amp_dtype = _amp(cfg, env.device)
+        self.scaler = torch.amp.GradScaler(env.device.type) if self.amp_dtype == torch.float16 else None
+        self.ds = PairDataset(plan.table, cfg, cache_progress=env.is_main and cfg["log"]["progress"] is True)
+        self.gb = int(cfg["train"]["batch_size"])
+        self.sampler = GlobalBatchSampler(len(self.ds), self.gb, env.rank, env.world_size, int(cfg["seed"]))
+        self.step, self.state = self._restore()
+        self.sampler.step = self.step
+        self.total = plan.total_steps
+        self.schedule.total = self.total
+        self.runner = _runner(tower, cfg, env)
+        self.loader = _loader(self.ds, self.sampler, cfg, env, self.model.text_encoder)
+        self.metrics = MetricsLogger(plan.out, cfg, env.is_main, self.step, self.total)
+        validating = cfg["val"]["every"] is not None and env.is_main
+        self.validator = Validator(cfg, env.device, self.amp_dtype) if validating else None
+        self.hard_weight, self.hard_tau = float(cfg["hard_negatives"]["weight"]), float(cfg["hard_negatives"]["tau"])
+        self.clip = float(cfg["optim"]["grad_clip"] or 0.0)
+        self.all_params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.loss_params = [p for p in self.loss.parameters() if p.requires_grad]
+        self.model.train()
+        self.loss.train()
+        self.t_run = time.perf_counter()
+        self.elapsed0 = float(self.state.get("elapsed_s", 0.0))
+        self.start_step, self.last_loss, self.val_res = self.step, None, {}
+
+    def _restore(self) -> tuple[int, dict]:
+        """(step, trainer state): 0 and a fresh state, or the checkpoint's (model, optimizer, ..., RNGs loaded)."""
+        plan, env = self.plan, self.env
+        state = {"budget_fixed": self.cfg["train"]["max_minutes"] is None, "elapsed_s": 0.0}
+        if plan.resume is None:
+            return 0, state
+        state = ckpt_mod.load_checkpoint(plan.resume, model=self.model, loss=self.loss, optimizer=self.optimizer,
+                                         scheduler=self.scheduler, scaler=self.scaler, env=env)
+        step = int(state["step"])
+        if not state.get("rng_restored"):
+            log.warning("resume: no RNG state for rank %d (world size changed?); dropout will differ", env.rank)
         if env.is_main:
-            print(f"checkpoint {ckpt_mod.step_dir(out, step)}", flush=True)
+            log.info("resumed from %s at step %d of %d", plan.resume, step, plan.total_steps)
+        return step, state
 
-    def validate() -> dict:
-        res = validator(model) if validator is not None else {}
+    def elapsed(self) -> float:
+        return self.elapsed0 + time.perf_counter() - self.t_run
+
+    # ------------------------------------------------------------------ the steps
+
+    def steps(self) -> None:
+        cfg = self.cfg
+        self.window = (time.perf_counter(), self.step)
+        budget = None if self.state["budget_fixed"] else StepBudget(float(cfg["train"]["max_minutes"]) * 60.0,
+                                                                    self.total)
+        it = iter(self.loader)
+        while self.step < self.total:
+            value, hard_value = self.forward(next(it))
+            self.update(value)
+            self.step += 1
+            if budget is not None and self._refit(budget):
+                self.state["budget_fixed"], budget = True, None
+            self.metrics.advance(1)
+            if self.step % int(cfg["log"]["every"]) == 0 or self.step == self.total:
+                self.log(value, hard_value)
+            val_every = cfg["val"]["every"]
+            if val_every and self.step % int(val_every) == 0 and self.step < self.total:
+                self.validate()
+            if self.step % int(cfg["ckpt"]["every"]) == 0 and self.step < self.total:
+                self.save()
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step's loss (and its hard-negative term alone, when that is on)."""
+        env, loss, head = self.env, self.loss, self.head
+        images = batch["images"].to(env.device, non_blocking=True)
+        tokens = {k: v.to(env.device, non_blocking=True) for k, v in batch["tokens"].items()}
+        index = batch["index"].to(env.device, non_blocking=True)
+        eta = batch["eta"].to(env.device, non_blocking=True) if batch["eta"] is not None else None
+        loss.on_step(self.step, self.total)  # the loss's own schedule (medclr.losses.base)
+        amp = self.amp_dtype
+        with torch.autocast(env.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            img_side, txt_all = self.runner(images, tokens)
+        # exps/logs in float32: the losses upcast and disable autocast themselves; be explicit anyway
+        img_side, txt_emb = img_side.float(), txt_all[: images.shape[0]].float()
+        if head is None:
+            value = loss(img_side, txt_emb, index=index, eta=eta)
+        else:
+            value = loss(sims=score_blocks(head.score, img_side, txt_emb), index=index, eta=eta)
+        if self.hard_weight <= 0:
+            return value, None
+        rows = batch["hard_index"].to(env.device)
+        pair_score = (head or self.model.head).score_pairs
+        # on the device: NCCL reduces CUDA tensors only
+        local = torch.tensor(float(rows.numel()), device=env.device)
+        count = int(round(float(all_reduce_mean(local, env)) * env.world_size))
+        hard_value = hard_negative_term(pair_score(img_side[rows], txt_emb[rows]),
+                                        pair_score(img_side[rows], txt_all[images.shape[0]:].float()),
+                                        self.hard_tau, count, env.world_size)
+        return value + self.hard_weight * hard_value, hard_value
+
+    def update(self, value: torch.Tensor) -> None:
+        """Backward, the loss's own gradients averaged, clipping, the optimizer and lr scheduler steps."""
+        optimizer, scaler = self.optimizer, self.scaler
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.scale(value).backward()
+            scaler.unscale_(optimizer)
+        else:
+            value.backward()
+        average_grads(self.loss_params, self.env)
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.all_params, self.clip)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        self.scheduler.step()
+
+    def _refit(self, budget: StepBudget) -> bool:
+        """train.max_minutes: refit the step count when the budget has a new estimate; True once it is final."""
+        fitted = budget.observe(self.step, time.perf_counter(), self.elapsed(), self.total)
+        if fitted is None:
+            return False
+        self.total = _fix_budget(self.cfg, self.env, fitted, self.total)
+        self.schedule.total = self.total
+        self.metrics.set_total(self.total)
+        return budget.done(self.step, self.total)
+
+    def log(self, value: torch.Tensor, hard_value: torch.Tensor | None) -> None:
+        env = self.env
+        self.last_loss = float(all_reduce_mean(value.detach().float(), env))
+        if not math.isfinite(self.last_loss):
+            raise MedclrError(f"loss became {self.last_loss} at step {self.step}; lower optim.lr or check the data")
+        now = time.perf_counter()
+        rate = (self.step - self.window[1]) * self.gb / max(now - self.window[0], 1e-9)
+        self.window = (now, self.step)
+        epoch, _ = self.sampler.position(self.step - 1)
+        line = {"step": self.step, "epoch": epoch, "loss": self.last_loss, "lr": self.scheduler.get_last_lr()[0],
+                "pairs_per_s": round(rate, 2), "elapsed_s": round(self.elapsed(), 1)}
+        if hard_value is not None:  # the hard-negative term alone (part of "loss"): log 2 = no preference
+            line["hard_negative_term"] = float(all_reduce_mean(hard_value.detach().float(), env))
+        self.metrics.write(line)
+        self.metrics.advance(0, {"loss": f"{self.last_loss:.4f}", "pairs/s": f"{rate:.1f}"})
+
+    # ------------------------------------------------------------------ validation, checkpoints, the end
+
+    def validate(self) -> dict:
+        res = self.validator(self.model) if self.validator is not None else {}
         if res:
-            metrics.write({"step": step, **res})
-        barrier(env)
+            self.metrics.write({"step": self.step, **res})
+        barrier(self.env)
         return res
 
-    start_step, last_loss, val_res = step, None, {}
-    window = (time.perf_counter(), step)
-    budget = None if state["budget_fixed"] else StepBudget(float(cfg["train"]["max_minutes"]) * 60.0, total)
-    it = iter(loader)
-    try:
-        while step < total:
-            batch = next(it)
-            images = batch["images"].to(env.device, non_blocking=True)
-            tokens = {k: v.to(env.device, non_blocking=True) for k, v in batch["tokens"].items()}
-            index = batch["index"].to(env.device, non_blocking=True)
-            eta = batch["eta"].to(env.device, non_blocking=True) if batch["eta"] is not None else None
-            if zeta_sched and zeta_base[0] is not None:
-                loss.zeta_lr = zeta_lr_at(step, zeta_base[0], freeze, total, zeta_sched)
-                loss.zeta_lr_img = zeta_lr_at(step, zeta_base[1], freeze, total, zeta_sched)
-            with torch.autocast(env.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                img_side, txt_all = runner(images, tokens)
-            # exps/logs in float32: the losses upcast and disable autocast themselves; be explicit anyway
-            img_side, txt_emb = img_side.float(), txt_all[: images.shape[0]].float()
-            if head is None:
-                value = loss(img_side, txt_emb, index=index, eta=eta)
-            else:
-                value = loss(sims=score_blocks(head.score, img_side, txt_emb), index=index, eta=eta)
-            if hard_weight > 0:
-                rows = batch["hard_index"].to(env.device)
-                pair_score = (head or model.head).score_pairs
-                # on the device: NCCL reduces CUDA tensors only
-                local = torch.tensor(float(rows.numel()), device=env.device)
-                count = int(round(float(all_reduce_mean(local, env)) * env.world_size))
-                hard_value = hard_negative_term(pair_score(img_side[rows], txt_emb[rows]),
-                                                pair_score(img_side[rows], txt_all[images.shape[0]:].float()),
-                                                hard_tau, count, env.world_size)
-                value = value + hard_weight * hard_value
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is not None:
-                scaler.scale(value).backward()
-                scaler.unscale_(optimizer)
-            else:
-                value.backward()
-            average_grads(loss_params, env)
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(all_params, clip)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            scheduler.step()
-            step += 1
-            if budget is not None:
-                fitted = budget.observe(step, time.perf_counter(), elapsed(), total)
-                if fitted is not None:
-                    total = _fix_budget(cfg, env, fitted, total)
-                    schedule.total = total
-                    metrics.set_total(total)
-                    if budget.done(step, total):
-                        state["budget_fixed"], budget = True, None
+    def trainer_state(self) -> dict:
+        plan, cfg, env = self.plan, self.cfg, self.env
+        epoch, k = self.sampler.position(self.step)
+        return {"step": self.step, "epoch": epoch, "batch_in_epoch": k, "total_steps": self.total,
+                "budget_fixed": self.state["budget_fixed"], "elapsed_s": self.elapsed(),
+                "steps_per_epoch": plan.steps_per_epoch, "n_train": len(self.ds), "fingerprint": plan.table.fingerprint,
+                "global_batch": self.gb, "world_size": env.world_size, "seed": int(cfg["seed"]),
+                "loss": cfg["loss"]["name"], "manifest": str(cfg["data"]["manifest"]), "text_model": plan.text_model,
+                "last_loss": self.last_loss, "torch": torch.__version__, "config": cfg}
 
-            metrics.advance(1)
-            if step % int(cfg["log"]["every"]) == 0 or step == total:
-                last_loss = float(all_reduce_mean(value.detach().float(), env))
-                if not math.isfinite(last_loss):
-                    raise MedclrError(f"loss became {last_loss} at step {step}; lower optim.lr or check the data")
-                now = time.perf_counter()
-                rate = (step - window[1]) * gb / max(now - window[0], 1e-9)
-                window = (now, step)
-                epoch, _ = sampler.position(step - 1)
-                line = {"step": step, "epoch": epoch, "loss": last_loss, "lr": scheduler.get_last_lr()[0],
-                        "pairs_per_s": round(rate, 2), "elapsed_s": round(elapsed(), 1)}
-                if hard_weight > 0:  # the hard-negative term alone (part of "loss"): log 2 = no preference
-                    line["hard_negative_term"] = float(all_reduce_mean(hard_value.detach().float(), env))
-                metrics.write(line)
-                metrics.advance(0, {"loss": f"{last_loss:.4f}", "pairs/s": f"{rate:.1f}"})
-            val_every = cfg["val"]["every"]
-            if val_every and step % int(val_every) == 0 and step < total:
-                validate()
-            if step % int(cfg["ckpt"]["every"]) == 0 and step < total:
-                save(last_loss)
-        if step > start_step or plan.resume is None:
-            if cfg["val"]["every"] is not None:
-                val_res = validate()
-            save(last_loss)
-    finally:
-        metrics.close()
-    run_s = time.perf_counter() - t_run
-    return {"out": str(out), "steps": step, "start_step": start_step, "total_steps": total, "last_loss": last_loss,
-            "pairs_per_s": round((step - start_step) * gb / max(run_s, 1e-9), 2), "seconds": round(run_s, 1),
-            "val": val_res}
+    def save(self) -> None:
+        cfg, env, out = self.cfg, self.env, self.plan.out
+        ckpt_mod.save_checkpoint(out=out, step=self.step, model=self.model, loss=self.loss, optimizer=self.optimizer,
+                                 scheduler=self.scheduler, scaler=self.scaler, trainer_state=self.trainer_state(),
+                                 config_yaml=dump_yaml(cfg),
+                                 preprocess=(int(cfg["data"]["crop"]), int(cfg["data"]["resize"])), env=env,
+                                 keep_last=int(cfg["ckpt"]["keep_last"]), barrier=lambda: barrier(env),
+                                 sample_index=self.plan.table.manifest_index)
+        if env.is_main:
+            print(f"checkpoint {ckpt_mod.step_dir(out, self.step)}", flush=True)
+
+    def finish(self) -> None:
+        """The last validation and checkpoint (none when a resumed run had nothing left to do)."""
+        if self.step > self.start_step or self.plan.resume is None:
+            if self.cfg["val"]["every"] is not None:
+                self.val_res = self.validate()
+            self.save()
+
+    def summary(self) -> dict:
+        run_s = time.perf_counter() - self.t_run
+        return {"out": str(self.plan.out), "steps": self.step, "start_step": self.start_step, "total_steps": self.total,
+                "last_loss": self.last_loss,
+                "pairs_per_s": round((self.step - self.start_step) * self.gb / max(run_s, 1e-9), 2),
+                "seconds": round(run_s, 1), "val": self.val_res}
 
 
 def _fix_budget(cfg: dict, env: DistEnv, fitted: int, total: int) -> int:

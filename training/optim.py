@@ -1,4 +1,4 @@
-"""Optimizer parameter groups, the warm-up + cosine schedule, and the NUCLR zeta step schedule."""
+"""Optimizer parameter groups and the warm-up + cosine learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -63,12 +63,3 @@ def build_optimizer(groups: list[dict], cfg: dict, device: torch.device) -> torc
     return torch.optim.AdamW(groups, lr=float(o["lr"]), betas=tuple(float(b) for b in o["betas"]),
                              eps=float(o["eps"]), **kwargs)
 
-
-def zeta_lr_at(step: int, base: float, freeze: int, total: int, schedule: str) -> float:
-    """NUCLR's zeta step size: frozen (unused) before `freeze`, then constant or cosine to 0 at
-    `total` (the paper updates zeta by SGD with a cosine schedule). A pure function of the step,
-    so resume needs no extra state."""
-    if schedule == "constant" or step < freeze:
-        return base
-    progress = min(1.0, (step - freeze) / max(1, total - freeze))
-    return base * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -18,6 +18,11 @@ loss trains the LSE+NL head as it trains the cosine one.
 - Every loss is symmetric: image->text and text->image rows are averaged (SigLIP and the
   globally normalised t_infonce score each pair once, which is already symmetric).
 - Under torch.distributed: local anchors x gathered global candidates; see distributed.py.
+
+Trainer hooks: a loss with a schedule keeps it itself, so a trainer needs no change for it. A
+trainer calls ``configure(num_samples, steps_per_epoch, total_steps)`` once before the first step
+(it may validate the run and turn epoch-based options into steps; it returns warnings to log) and
+``on_step(step, total_steps)`` before every training step's forward. Both do nothing by default.
 """
 
 from __future__ import annotations
@@ -84,6 +89,17 @@ class ContrastiveLoss(nn.Module):
 
     def compute(self, batch: GlobalBatch, index=None, eta=None) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
+
+    def configure(self, num_samples: int, steps_per_epoch: int, total_steps: int) -> list[str]:
+        """Fit the loss to the run, once before its first step (and again when it resumes): the
+        training set's size, the steps of one epoch and of the whole run. Returns warnings, one
+        line each, for the trainer to log."""
+        return []
+
+    def on_step(self, step: int, total_steps: int) -> None:
+        """Before the forward of training step ``step`` (0-based) of ``total_steps`` (a time budget
+        may still change it). What this sets must be a function of these two numbers or live in a
+        buffer, so that a resumed run continues exactly."""
 
 
 def check_index(index, b: int, num_samples: int, device: torch.device) -> torch.Tensor:

@@ -33,6 +33,11 @@ Tables (registered buffers, in state_dict, indexed by dataset index):
   xi_txt, xi_img  running max of zeta_txt / zeta_img, used for the positive term.
   step       forward calls in train() mode (zeta is frozen while step < freeze_zeta_steps).
 Tables change only in train() mode; eval() uses the current batch's phi (as if gamma = 1).
+Schedule (through the trainer hooks of ContrastiveLoss): configure() turns freeze_zeta_epochs into
+freeze_zeta_steps with the run's steps per epoch; with zeta_lr_schedule="cosine", on_step() sets the
+zeta step sizes for the step (cosine from zeta_lr to 0 between the freeze and the end of the run,
+as the paper decays it). Both are functions of the step, the rest is in the checkpointed buffers,
+so a resumed run continues exactly.
 Duplicate indices in a (global) batch: their new u are averaged in linear space and their
 zeta gradients averaged, and every position then reads the averaged u -- deterministic.
 Distributed: phi of the local anchors is all-gathered and the candidate masses all-reduced,
@@ -54,6 +59,16 @@ from medclr.losses.functional import check_tau
 
 # (anchor modality, candidate modality): image anchors score texts, text anchors score images.
 _DIRECTIONS = (("img", "txt"), ("txt", "img"))
+ZETA_LR_SCHEDULES = ("constant", "cosine")
+
+
+def cosine_after_freeze(step: int, base: float, freeze: int, total: int) -> float:
+    """The zeta step size at training step `step` (0-based): `base` before `freeze` (zeta is frozen
+    then, so it is unused), then a cosine from `base` down to 0 at `total`."""
+    if step < freeze:
+        return base
+    progress = min(1.0, (step - freeze) / max(1, total - freeze))
+    return base * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class NUCLRLoss(ContrastiveLoss):
@@ -64,25 +79,30 @@ class NUCLRLoss(ContrastiveLoss):
         gamma: float = 0.8,
         zeta_lr: float = 0.01,
         zeta_init: float = -0.05,
-        freeze_zeta_steps: int = 0,
+        freeze_zeta_steps: int | None = None,
         xi_init: float = 0.0,
         zeta_lr_img: float | None = None,
         normalize: bool = True,
         learn_zeta: bool = True,
+        freeze_zeta_epochs: float | None = None,
+        zeta_lr_schedule: str = "constant",
     ):
         super().__init__(normalize)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 2:
             raise MedclrError(f"num_samples: expected the dataset size (an int >= 2), got {num_samples!r}")
         if not 0.0 < gamma <= 1.0:
             raise MedclrError(f"gamma: expected the moving-average weight on the new estimate in (0, 1], got {gamma!r}")
-        if freeze_zeta_steps < 0:
-            raise MedclrError(f"freeze_zeta_steps: expected >= 0, got {freeze_zeta_steps!r}")
+        self._check_schedule(freeze_zeta_steps, freeze_zeta_epochs, zeta_lr_schedule)
         self.num_samples, self.tau, self.gamma = num_samples, check_tau(tau), float(gamma)
         self.learn_zeta = bool(learn_zeta)
-        # Plain attributes so a trainer can schedule them (the paper decays the zeta step size).
+        # The step sizes of this step: on_step rewrites them under the cosine schedule.
         self.zeta_lr = float(zeta_lr)
         self.zeta_lr_img = float(zeta_lr if zeta_lr_img is None else zeta_lr_img)
-        self.freeze_zeta_steps = int(freeze_zeta_steps)
+        self.zeta_lr_base = (self.zeta_lr, self.zeta_lr_img)
+        self.zeta_lr_schedule = zeta_lr_schedule
+        self.freeze_zeta_epochs = freeze_zeta_epochs
+        # None until configure() converts freeze_zeta_epochs with the run's steps per epoch.
+        self.freeze_zeta_steps = None if freeze_zeta_epochs is not None else int(freeze_zeta_steps or 0)
         for m in ("img", "txt"):
             self.register_buffer(f"u_{m}", torch.full((num_samples,), float("-inf")))
         if self.learn_zeta:
@@ -91,6 +111,42 @@ class NUCLRLoss(ContrastiveLoss):
                 self.register_buffer(f"zeta_{m}", torch.full((num_samples,), float(zeta_init)))
                 self.register_buffer(f"xi_{m}", torch.tensor(max(float(xi_init), float(zeta_init))))
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    @staticmethod
+    def _check_schedule(freeze_steps, freeze_epochs, schedule) -> None:
+        if freeze_steps is not None and freeze_epochs is not None:
+            raise MedclrError("set freeze_zeta_epochs or freeze_zeta_steps, not both")
+        if freeze_steps is not None and freeze_steps < 0:
+            raise MedclrError(f"freeze_zeta_steps: expected >= 0, got {freeze_steps!r}")
+        if freeze_epochs is not None and (isinstance(freeze_epochs, bool) or not isinstance(freeze_epochs, (int, float))
+                                          or not freeze_epochs >= 0):
+            raise MedclrError(f"freeze_zeta_epochs: expected a number of epochs >= 0, got {freeze_epochs!r}")
+        if schedule not in ZETA_LR_SCHEDULES:
+            raise MedclrError(f"zeta_lr_schedule {schedule!r}: expected one of {', '.join(ZETA_LR_SCHEDULES)}")
+
+    def configure(self, num_samples: int, steps_per_epoch: int, total_steps: int) -> list[str]:
+        """freeze_zeta_epochs -> freeze_zeta_steps with this run's steps per epoch."""
+        if self.freeze_zeta_epochs is None:
+            return []
+        self.freeze_zeta_steps = int(round(float(self.freeze_zeta_epochs) * steps_per_epoch))
+        if self.freeze_zeta_steps >= total_steps:
+            return [f"freeze_zeta_epochs={self.freeze_zeta_epochs} covers the whole run ({total_steps} steps): zeta is "
+                    "never updated (short runs: pass freeze_zeta_epochs=1 or 0)"]
+        return []
+
+    def on_step(self, step: int, total_steps: int) -> None:
+        """The cosine zeta step size of this step (zeta_lr_schedule="cosine"); constant: nothing to do."""
+        if self.zeta_lr_schedule == "cosine":
+            freeze = self._freeze_steps()
+            self.zeta_lr, self.zeta_lr_img = (cosine_after_freeze(step, base, freeze, total_steps)
+                                              for base in self.zeta_lr_base)
+
+    def _freeze_steps(self) -> int:
+        if self.freeze_zeta_steps is None:
+            raise MedclrError(f"freeze_zeta_epochs={self.freeze_zeta_epochs} needs the run's steps per epoch: call "
+                              "configure(num_samples, steps_per_epoch, total_steps) first (a trainer does), or pass "
+                              "freeze_zeta_steps")
+        return self.freeze_zeta_steps
 
     def _zeta(self, cand: str, idx_all: torch.Tensor, like: torch.Tensor):
         if not self.learn_zeta:
@@ -105,7 +161,7 @@ class NUCLRLoss(ContrastiveLoss):
         tau, n, B = self.tau, self.num_samples, batch.B
         log_scale = math.log((n - 1) / (B - 1))  # phi over B-1 negatives estimates the n-1 sum
         train = self.training
-        update_zeta = train and self.learn_zeta and int(self.step) >= self.freeze_zeta_steps
+        update_zeta = train and self.learn_zeta and int(self.step) >= self._freeze_steps()
 
         # Pass 1: d with its graph, detached NUCLR logits and the stochastic phi of the local anchors.
         dirs = []
