@@ -10,7 +10,7 @@
   medclr.evaluation), bench/ and tests/ use the core (medclr/), never the reverse; inside the core
   medclr.io <- medclr.data <- medclr.phantom, and medclr.models / medclr.losses know no files; no
   import cycle inside a package (medclr.inference's checkpoint -> engine -> checkpoint is gone;
-  ``CYCLES_LEFT`` names the two left). The `medclr` command finds its subcommands through
+  ``CYCLES_LEFT`` names the one left). The `medclr` command finds its subcommands through
   the ``medclr.commands`` entry points (pyproject), so the core names no outer module.
 
 Why an own checker rather than import-linter: import-linter (grimp) builds its graph from import
@@ -198,16 +198,11 @@ CONTRACTS = (
 # except in these, which still have one (named, to be removed; the test fails once one is gone):
 CYCLES_LEFT = {
     "medclr.lm": "eta -> eta_fit (lazily, for the corpus fit) -> eta (constants)",
-    "medclr.evaluation": "report -> diagnostics (lazily) -> report (table helpers)",
 }
 
 # Arrows the contracts refuse but that still exist, each named and why, to be removed: (source
 # module, target package) -> why. The test below fails once one is gone, so that its line goes too.
-KNOWN_EXCEPTIONS = {
-    ("medclr.training.hooks", "medclr.evaluation"):
-        "training -> evaluation, sideways between outer parts: the validation hook takes PAPER_PROMPTS, "
-        "zero_shot_metrics and retrieval_metrics from evaluation; another branch of issue 16 moves them",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def excused(ref: Ref) -> bool:
