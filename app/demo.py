@@ -133,7 +133,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--preset", choices=("auto", "cpu_small", "gpu_small"), default="auto",
                         help="training preset: auto = gpu_small with CUDA (2,500 steps: the model learns grounding "
-                             "and negation), else cpu_small (450 steps of a 64 px ResNet-18 cut after layer3, ~8 minutes on 2 cores; docs/training.md)")
+                             "and negation), else cpu_small (450 steps of a 64 px ResNet-18 cut after layer3, "
+                             "~8 minutes on 2 cores; docs/training.md)")
     parser.add_argument("--port", type=int, default=7860)
     parser.set_defaults(run=run)
 

@@ -38,9 +38,9 @@ import pyarrow.parquet as pq
 
 from medclr.distributed import env_world, init_group
 from medclr.errors import MedclrError
+from medclr.files import atomic_path, write_text
 from medclr.io import IMAGE_SUFFIXES
 from medclr.io.dicom import is_dicom
-from medclr.files import atomic_path, write_text
 
 log = logging.getLogger("medclr.score")
 RUN_NAME = "run.json"
@@ -136,8 +136,10 @@ def _check_run(parts: Path, run: dict[str, Any]) -> None:
         write_text(path, json.dumps(run, indent=2, sort_keys=True))
 
 
-def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike, opts: ScoreOptions = ScoreOptions()) -> dict[str, Any]:
+def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
+               opts: ScoreOptions | None = None) -> dict[str, Any]:
     """Score every image under ``root`` into ``out`` (resumable). Returns counts for this process."""
+    opts = opts or ScoreOptions()
     root, out = Path(root), Path(out)
     if not root.is_dir():
         raise MedclrError(f"--input {str(root)!r}: no such directory")

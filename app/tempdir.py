@@ -146,7 +146,7 @@ def sweep(root: Path, max_age_s: float, now: float | None = None) -> int:
     (a new upload folder is never removed before Gradio has moved its file in). Returns files removed."""
     now = time.time() if now is None else now
     removed = 0
-    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
         for name in filenames:
             f = os.path.join(dirpath, name)
             try:

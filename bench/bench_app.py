@@ -179,7 +179,7 @@ def main() -> None:
                 concurrent_ground(url, rg1, args.workdir, args.clients, args.requests, tag)
             continue
 
-        def fresh():
+        def fresh(service=service):
             service._uploads.clear()
 
         # warm-up (first forward allocates, prompts get encoded)

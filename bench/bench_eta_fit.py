@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             base_rows = 0.5 * (info_nce_rows(sims[0], pos, args.tau) + info_nce_rows(sims[1], pos, args.tau))
             base = float(losses["infonce"](sims=sims))
             assert abs(base - float(base_rows.mean())) < 1e-5, (base, float(base_rows.mean()))
-            for name, (a, k) in choices.items():
+            for name in choices:
                 eta = torch.tensor(np.array(etas[name][sl]), dtype=s.dtype)
                 rows_dcl = 0.5 * (dcl_rows(sims[0], pos, args.tau, eta) + dcl_rows(sims[1], pos, args.tau, eta))
                 value = float(losses["dcl_lm"](sims=sims, eta=eta))

@@ -158,7 +158,7 @@ def rerank_bench(n: int, k: int, queries: int, pools: list[int], gamma: float, s
     emit("p50_latency", round(p50, 3), "ms", mode="head.score over all images (cells in RAM, float32)", **tag)
     emit("p99_latency", round(p99, 3), "ms", mode="head.score over all images (cells in RAM, float32)", **tag)
     for pool in [None, *pools]:
-        p50, p99, got = timed(lambda x: idx.search_images_by_text(x, k, pool=pool))
+        p50, p99, got = timed(lambda x, pool=pool: idx.search_images_by_text(x, k, pool=pool))
         recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(got, truth)]))
         mode = {"mode": "re-ranked", "pool": rerank_pool(k, n, pool), "default_pool": pool is None}
         emit("p50_latency", round(p50, 3), "ms", **mode, **tag)

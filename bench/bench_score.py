@@ -42,8 +42,8 @@ def main() -> None:
     import torch
     from pydicom.data import get_testdata_file
 
-    from medclr.app.scoring import ScoreOptions, score_tree
     from bench_app import build_checkpoint
+    from medclr.app.scoring import ScoreOptions, score_tree
     from medclr.inference import load_checkpoint, preprocess_image
     from medclr.io import read_image
 

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r))
         return 0
     by = {r["metric"]: r for r in rows}
-    print(f"| metric | A | B | A − B [95 % CI] |\n| --- | --- | --- | --- |")
+    print("| metric | A | B | A − B [95 % CI] |\n| --- | --- | --- | --- |")
     for name in HEADLINE:
         if name in by:
             r = by[name]

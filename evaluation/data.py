@@ -28,10 +28,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from medclr.errors import MedclrError
 from medclr.evaluation import grounding as G
 from medclr.models.image import ImageFeatures
-
-from medclr.errors import MedclrError
 from medclr.phantom.writer import GROUND_TRUTH_FILE  # written by `medclr phantom`
 
 log = logging.getLogger(__name__)
@@ -315,7 +314,8 @@ class Model:
 
     def prompt_embeddings(self, prompts) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """class -> (positive, negative) unit (D,) prompt-set embeddings, reduced as the zero-shot scores reduce them."""
-        return {c: (p.float().cpu().numpy(), n.float().cpu().numpy()) for c, (p, n) in self.engine.prompt_embeddings(prompts).items()}
+        return {c: (p.float().cpu().numpy(), n.float().cpu().numpy())
+                for c, (p, n) in self.engine.prompt_embeddings(prompts).items()}
 
     @torch.inference_mode()
     def texts(self, sentences: list[str]) -> torch.Tensor:
@@ -395,5 +395,5 @@ def encode(model: Model, data: EvalData, rows: np.ndarray, keep_regions: set[int
                    cat(glob) if glob else np.zeros((0, d), np.float32), cat(pos), cat(neg), regions, sizes, failed)
 
 
-__all__ = ["EvalData", "Encoded", "Model", "encode", "Phrases", "attach_ground_truth", "control_pairs", "has_two_label_values", "labels", "load_eval_data", "phrases",
-           "prompt_set", "split_rows", "top_classes"]
+__all__ = ["EvalData", "Encoded", "Model", "encode", "Phrases", "attach_ground_truth", "control_pairs",
+           "has_two_label_values", "labels", "load_eval_data", "phrases", "prompt_set", "split_rows", "top_classes"]

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from medclr.errors import MedclrError
-from medclr.evaluation.data import EvalData, Encoded, Model, encode, phrases, prompt_set, split_rows
+from medclr.evaluation.data import Encoded, EvalData, Model, encode, phrases, prompt_set, split_rows
 from medclr.evaluation.tasks import Inputs, Task, task_names, tasks
 
 __all__ = ["TASKS", "Encoded", "Model", "encode", "evaluate"]

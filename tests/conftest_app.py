@@ -66,7 +66,7 @@ def _tokenizer():
                              sep_token="[SEP]", mask_token="[MASK]")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_text_model(root: str) -> Path:
     import torch
     from transformers import BertConfig, BertForMaskedLM
@@ -119,7 +119,7 @@ def _draw_cxr(rng: np.random.Generator, size: int = 96) -> np.ndarray:
     return (np.clip(img, 0, 1) * 255).astype(np.uint8)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_assets(root: str) -> dict[str, Path]:
     """{'text': LM dir, 'checkpoint': ckpt dir, 'other_checkpoint': a second model, 'manifest': parquet,
     'images': image root, 'eta': eta table}."""
@@ -182,7 +182,7 @@ def engine(app_assets):
     return load_checkpoint(app_assets["checkpoint"])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _built_index(root: str, checkpoint: str, manifest: str) -> Path:
     from medclr.index import build_index
     from medclr.inference import load_checkpoint

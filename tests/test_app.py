@@ -258,7 +258,9 @@ def test_auth_is_enforced(engine):  # noqa: F811
     demo = build_blocks(AppService(engine, None))
     _, url = launch(demo, port=free_port(), block=False, auth=[("alice", "s3cret")])
     try:
-        with pytest.raises(Exception):
+        from gradio_client.exceptions import AuthenticationError
+
+        with pytest.raises(AuthenticationError):
             Client(url, verbose=False, analytics_enabled=False)
         ok = Client(url, auth=("alice", "s3cret"), verbose=False, analytics_enabled=False)
         from gradio_client.exceptions import AppError

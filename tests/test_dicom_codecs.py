@@ -15,8 +15,7 @@ from pydicom.data import get_testdata_file
 from pydicom.uid import UID
 
 from medclr.errors import ImageReadError
-from medclr.io import read_header, read_image
-from medclr.io import dicom as mdicom
+from medclr.io import dicom as mdicom, read_header, read_image
 from tests.dicom_factory import make_dicom
 
 # pydicom's reference values for its test files (tests/pixels/pixels_reference.py in pydicom).

@@ -13,6 +13,7 @@ import pytest
 import torch
 from sklearn.metrics import accuracy_score, roc_auc_score
 
+from medclr.errors import MedclrError
 from medclr.evaluation.grounding import (
     DEFAULT_THRESHOLDS,
     CropGeometry,
@@ -36,7 +37,6 @@ from medclr.evaluation.zeroshot import (
     zero_shot_metrics,
     zero_shot_scores,
 )
-from medclr.errors import MedclrError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -95,7 +95,7 @@ def test_constant_map_cnr_zero():
 
 def test_cnr_matches_bruteforce_float64():
     rng = np.random.default_rng(1)
-    for trial in range(5):
+    for _trial in range(5):
         h, w = rng.integers(10, 60, size=2)
         sim = rng.normal(rng.normal(), rng.uniform(0.1, 2), size=(h, w)).astype(np.float32)
         sim[rng.random((h, w)) < 0.15] = np.nan
@@ -445,6 +445,7 @@ def test_tsne_and_figures_write_png(tmp_path):
     assert (tmp_path / "roc.png").read_bytes()[:8] == PNG_MAGIC
     geo = CropGeometry.from_resize_crop((60, 50), 16, 14)
     sim = upsample_map(np.random.default_rng(0).uniform(-1, 1, (4, 4)), geo)
-    fig = plot_heatmap_panel(np.random.default_rng(1).random((60, 50)), sim, [(10, 12, 15, 20)], tmp_path / "h.png", threshold=0.2)
+    fig = plot_heatmap_panel(np.random.default_rng(1).random((60, 50)), sim, [(10, 12, 15, 20)], tmp_path / "h.png",
+                             threshold=0.2)
     assert (tmp_path / "h.png").stat().st_size > 1000
     assert figure_to_png(fig)[:8] == PNG_MAGIC

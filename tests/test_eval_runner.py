@@ -34,7 +34,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 # --------------------------------------------------------------------------- builders
 
 
-def write_tree(root, n_test, n_train, seed=0, n_categories=len(MSCXR_CATEGORIES), train_phrases=False):
+N_CATEGORIES = len(MSCXR_CATEGORIES)
+
+
+def write_tree(root, n_test, n_train, seed=0, n_categories=N_CATEGORIES, train_phrases=False):
     """A MIMIC-CXR-JPG layout: noise JPEGs of two sizes (non-square ones exercise the crop geometry),
     reports, CheXpert labels drawn independently of the images, and an MS-CXR CSV with one phrase
     (1-2 boxes, unique text) per test image (and per train image with ``train_phrases``, as CXR-Phantom
@@ -188,10 +191,10 @@ def test_zero_shot_uses_the_head_score_equal_to_the_protocols_cosine(small):
 
 
 def test_random_checkpoint_scores_at_chance(tmp_path):
-    from medclr.evaluation.runner import evaluate
     from medclr.data.manifest import write_manifest
     from medclr.data.readers.mimic import read_mimic_cxr_jpg
     from medclr.data.readers.mscxr import read_mscxr
+    from medclr.evaluation.runner import evaluate
 
     root, texts = write_tree(tmp_path / "mimic", n_test=200, n_train=100, seed=2)
     ckpt = make_checkpoint(tmp_path / "ckpt", texts, head="lse_nl", seed=3)
@@ -395,5 +398,6 @@ def test_a_new_task_is_one_module(small, tmp_path, monkeypatch):
     assert report.index("## Zero-shot") < report.index("## Phrase length") and "words per phrase" in report
     pooled = evaluate_seeds([str(ckpt), str(ckpt)], str(root), str(tmp_path / "R"), tasks=["phrase_length"], n_boot=0,
                             figures=False)
-    assert pooled["summary"]["Words"] == pytest.approx(np.mean(words)) and pooled["pooled"]["phrase_length"]["mean_words"]["n"] == 2
+    assert pooled["summary"]["Words"] == pytest.approx(np.mean(words))
+    assert pooled["pooled"]["phrase_length"]["mean_words"]["n"] == 2
     assert "## Phrase length (pooled)\n\nn = 2" in (tmp_path / "R" / "report.md").read_text()

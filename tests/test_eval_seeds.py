@@ -261,7 +261,8 @@ def test_paired_runs_pairs_checkpoint_k_of_each_run(capsys):
     spec.loader.exec_module(paired_runs)
 
     def run(auc, cardio):
-        entry = lambda vals: {"mean": float(np.mean(vals)), "per_checkpoint": [{"value": v, "ci": None} for v in vals]}
+        def entry(vals):
+            return {"mean": float(np.mean(vals)), "per_checkpoint": [{"value": v, "ci": None} for v in vals]}
         return {"pooled": {"summary": {"AUC": entry(auc)},
                            "zeroshot": {"per_class": {"Cardiomegaly": {"AUC": entry(cardio)}}, "classes": ["Cardiomegaly"]}}}
 

@@ -78,7 +78,7 @@ def test_hard_negative_term_is_the_two_way_softmax_in_float64():
 def test_finding_and_side_swaps_state_what_the_report_does_not():
     report = ["Small left pleural effusion.", "No pneumothorax.", "Heart size is normal."]
     for k in range(6):
-        swapped = swap_finding(report[0], report, pick=lambda n: k % n)
+        swapped = swap_finding(report[0], report, pick=lambda n, k=k: k % n)
         assert swapped is not None and swapped.startswith("Small left ") and "effusion" not in swapped
     assert swap_side(report[0], report) == "Small right pleural effusion."
     # a report that states the other side (or both) gives no side swap; negated sentences no swaps

@@ -45,7 +45,7 @@ def _checkpoint(out: Path, text_dir: Path, head: str) -> Path:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _assets(root: str) -> dict[str, Path]:
     from PIL import Image
 

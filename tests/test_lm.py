@@ -324,7 +324,6 @@ def test_calibrate_recovers_a_k(tmp_path):
     from medclr.data.text import sentence_hash
     from medclr.lm.calibrate import GROUND_TRUTH, calibrate
 
-    rng = np.random.default_rng(0)
     classes = {f"c{i}": float(r) for i, r in enumerate(np.geomspace(0.002, 0.3, 12))}
     names = list(classes)
     rows, cls, rho, splits = [], [], [], []

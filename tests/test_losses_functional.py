@@ -95,11 +95,11 @@ def test_dcl_floor_branch_matches_brute_force():
 def test_dcl_eta_zero_is_info_nce():
     sim = _sim(b=9, seed=11)
     for tau in (0.01, 0.07, 0.5):
-        v0, g0 = _value_and_grad(lambda s: Fn.dcl(s, tau, 0.0), sim)
-        v1, g1 = _value_and_grad(lambda s: Fn.info_nce(s, tau), sim)
+        v0, g0 = _value_and_grad(lambda s, tau=tau: Fn.dcl(s, tau, 0.0), sim)
+        v1, g1 = _value_and_grad(lambda s, tau=tau: Fn.info_nce(s, tau), sim)
         torch.testing.assert_close(v0, v1, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(g0, g1, rtol=1e-8, atol=1e-10)
-        v2, _ = _value_and_grad(lambda s: Fn.dcl(s, tau, torch.zeros(9, dtype=torch.float64)), sim)
+        v2, _ = _value_and_grad(lambda s, tau=tau: Fn.dcl(s, tau, torch.zeros(9, dtype=torch.float64)), sim)
         torch.testing.assert_close(v0, v2)
 
 

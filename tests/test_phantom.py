@@ -17,8 +17,7 @@ from medclr.data.labels import CHEX5, CHEXPERT_LABELS
 from medclr.data.readers.mimic import read_mimic_cxr_jpg
 from medclr.data.readers.mscxr import read_mscxr
 from medclr.io import read_image
-from medclr.phantom import attach_ground_truth, generate, load_material, read_ground_truth, render
-from medclr.phantom import vocab as V
+from medclr.phantom import attach_ground_truth, generate, load_material, read_ground_truth, render, vocab as V
 from medclr.phantom.groundtruth import false_negative_rates
 from medclr.phantom.plan import class_model_prob, plan_study
 from medclr.phantom.textmatch import mention_state, sentence_side

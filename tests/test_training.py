@@ -163,7 +163,8 @@ def test_config_layers_presets_and_overrides():
     # gpu_small extends cpu_small: the whole ResNet-18 at 128 px, the hard-negative term and 2,500 steps on top
     gpu = load_config("dcl_0.05", ["data.manifest=m", "out=o", "preset=gpu_small", "train.max_steps=300"])
     assert gpu["preset"] == "gpu_small" and gpu["model"]["arch"] == "resnet18" and gpu["data"]["crop"] == 128
-    assert gpu["model"]["output_stride"] == 16 and gpu["model"]["stages"] == 4 and gpu["optim"]["lr"] == 1e-3 and gpu["model"]["lse_gamma"] == 20
+    assert gpu["model"]["output_stride"] == 16 and gpu["model"]["stages"] == 4
+    assert gpu["optim"]["lr"] == 1e-3 and gpu["model"]["lse_gamma"] == 20
     assert gpu["data"]["sentence_sampling"] == "findings" and gpu["hard_negatives"]["weight"] == 1.0
     assert gpu["train"]["max_steps"] == 300 and load_config("dcl_0.05", ["data.manifest=m", "out=o", "preset=gpu_small"]
                                                              )["train"]["max_steps"] == 2500
@@ -188,8 +189,8 @@ def test_bad_config_is_one_clear_line(config, overrides, message):
 
 
 def test_dataset_is_a_function_of_seed_epoch_index(tiny, tmp_path):
-    from medclr.lm.eta import TABLE_COLUMNS, write_eta_table
     from medclr.data.text import sentence_hash
+    from medclr.lm.eta import TABLE_COLUMNS, write_eta_table
     from medclr.training.config import load_config
     from medclr.training.data import PairDataset, load_table
 
@@ -379,7 +380,8 @@ def test_phantom_dcl_true_and_dcl_lm_train(tmp_path):
 
     ph = tmp_path / "phantom"
     proc = subprocess.run([sys.executable, "-m", "medclr", "phantom", "--out", str(ph), "--n", "48", "--size", "64",
-                           "--seed", "1", "--eval-per-class", "4", "--quiet"], env=_env(), capture_output=True, text=True, timeout=600)
+                           "--seed", "1", "--eval-per-class", "4", "--quiet"], env=_env(), capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     df = attach_ground_truth(read_mimic_cxr_jpg(ph, views=None), ph)
     manifest = write_manifest(df, tmp_path / "manifest.parquet", ph)

@@ -5,8 +5,8 @@ autotuning, lazy CUDA initialisation, allocator growth), so a step time measured
 long: on an H100 the old estimate from steps 2-6 gave 161 steps of a 5-minute budget, trained in 31 s.
 Here the step time is re-measured on a window that doubles (steps 1-5, 5-10, 10-20, 20-40, ... after
 the first step) but ends at most half-way to the fitted end, each estimate from the latest window only,
-and the step count is refitted after each window. The last windows are long and late, so the estimate ends on the steady-state speed and a run
-uses close to its budget (tests/test_training.py checks 80-110 % under a slow start).
+and the step count is refitted after each window. The last windows are long and late, so the estimate ends on the
+steady-state speed and a run uses close to its budget (tests/test_training.py checks 80-110 % under a slow start).
 
 The budget covers the training loop (steps, checkpoints, validation), not start-up (building the
 model, the image cache): those are reported in the log but are not what a step count can control.

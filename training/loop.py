@@ -41,7 +41,16 @@ from medclr.training import checkpoint as ckpt_mod
 from medclr.training.budget import StepBudget
 from medclr.training.config import dump_yaml, loss_kwargs, needs_num_samples
 from medclr.training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table
-from medclr.training.distributed import DistEnv, all_reduce_mean, average_grads, barrier, broadcast_object, cleanup, env_world, setup
+from medclr.training.distributed import (
+    DistEnv,
+    all_reduce_mean,
+    average_grads,
+    barrier,
+    broadcast_object,
+    cleanup,
+    env_world,
+    setup,
+)
 from medclr.training.hooks import MetricsLogger, Validator
 from medclr.training.optim import WarmupCosine, build_optimizer, param_groups
 from medclr.training.sampler import GlobalBatchSampler

@@ -34,7 +34,8 @@ Rules, first match wins:
 2. Negated -> stated: drop the cue. "No X" -> "X"; "There is no X" -> "There is X";
    "X is not seen" -> "X is seen"; "without X" -> "with X"; "negative for X" -> "positive for X";
    "free of X" -> "with X"; "The lungs are clear of X" -> "The lungs show X".
-3. Stated -> negated: the word pairs "within/outside normal limits" and "normal/abnormal" swap ("Heart size normal" -> "Heart size abnormal");
+3. Stated -> negated: the word pairs "within/outside normal limits" and "normal/abnormal" swap
+   ("Heart size normal" -> "Heart size abnormal");
    "There is/are (a|an) X" -> "There is/are no X"; a copula ("is", "are", "was", "were") gets
    "not"; otherwise "No " + the sentence ("Cardiomegaly." -> "No cardiomegaly.").
 """
@@ -113,7 +114,7 @@ def negate(sentence: str) -> str | None:
         return _cap(out) + stop if re.search(r"[A-Za-z]{2,}", out) else None
     for pattern, repl in _LEXICAL:
         if pattern.search(body):
-            out = pattern.sub(lambda m: _same_case(m.group(0), repl), body, count=1)
+            out = pattern.sub(lambda m, repl=repl: _same_case(m.group(0), repl), body, count=1)
             return _cap(" ".join(out.split())) + stop
     if _THERE_IS.search(body):
         out = _THERE_IS.sub(r"\1 no ", body, count=1)

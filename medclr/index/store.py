@@ -33,16 +33,17 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from medclr.errors import MedclrError
-from medclr.index.vectors import EXACT_MAX, VectorIndex, choose_kind, normalized
 from medclr.files import write_text
+from medclr.index.vectors import EXACT_MAX, VectorIndex, choose_kind, normalized
 
 log = logging.getLogger(__name__)
 

@@ -80,7 +80,7 @@ class VectorIndex:
     # -- construction --------------------------------------------------------------------------------
     @classmethod
     def create(cls, dim: int, kind: str, train: np.ndarray | None = None, nlist: int | None = None,
-               use_gpu: bool | str = "auto") -> "VectorIndex":
+               use_gpu: bool | str = "auto") -> VectorIndex:
         faiss = _faiss()
         if kind == "flat":
             index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
@@ -169,7 +169,7 @@ class VectorIndex:
         _faiss().write_index(self.cpu, str(path))
 
     @classmethod
-    def read(cls, path: str | os.PathLike, kind: str, use_gpu: bool | str = "auto") -> "VectorIndex":
+    def read(cls, path: str | os.PathLike, kind: str, use_gpu: bool | str = "auto") -> VectorIndex:
         try:
             index = _faiss().read_index(str(path))
         except RuntimeError as exc:

@@ -38,4 +38,4 @@ from medclr.inference.stats import SentenceStats
 
 __all__ = ["CropGeometry", "EncodedImage", "ImageFiles", "Inference", "Preprocess", "SentenceStats",
            "collate_images", "image_loader", "load_checkpoint", "preprocess_image", "read_checkpoint_info",
-           "weights_sha256", "write_preprocess"]
+           "weights_sha256", "worker_init", "write_preprocess"]

@@ -36,7 +36,6 @@ from medclr.models.dual import DualEncoder
 from medclr.models.image import ImageFeatures
 from medclr.prompts import CHEX5_PROMPTS, PromptSet, prompt_embeddings, zero_shot_scores
 
-
 # Below this spread (max - min, in cosine units) of its smoothed region scores, a phrase map is
 # flat: the model shows no localised signal, and no heatmap is painted (a relative colour scale would
 # stretch noise over the whole palette). Calibrated on the phantom (docs/evaluation.md, "Flat maps"):
@@ -210,7 +209,7 @@ class Inference:
 
     # -- sentence statistics ----------------------------------------------------------------------
     @property
-    def stats(self) -> "SentenceStats":
+    def stats(self) -> SentenceStats:
         if self._stats is None:
             self._stats = SentenceStats.from_checkpoint(self.checkpoint_dir, self.info)
         return self._stats

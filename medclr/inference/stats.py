@@ -48,7 +48,7 @@ class SentenceStats:
         return out or None
 
     @classmethod
-    def from_checkpoint(cls, directory: Path | None, info: Mapping[str, Any]) -> "SentenceStats":
+    def from_checkpoint(cls, directory: Path | None, info: Mapping[str, Any]) -> SentenceStats:
         eta: dict[str, float] = {}
         zeta: dict[str, dict[int, float]] = {}
         path = info.get("eta_table")

@@ -11,7 +11,6 @@ Lossless and JPEG-LS, imagecodecs (``medclr.io.jpeg12``, when installed) for 12-
 from __future__ import annotations
 
 import re
-
 import warnings
 from pathlib import Path
 

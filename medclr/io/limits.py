@@ -31,8 +31,8 @@ MAX_ASPECT = 4.0
 
 def image_problem(arr: np.ndarray) -> str | None:
     """Why a decoded H x W image cannot be a radiograph (one line, no file name), or None: a side under
-    MIN_SIDE, a side MAX_ASPECT times the other or more, NaN or infinite pixels. Every path that reads images checks it: the app, ``medclr inspect``,
-    ``medclr score`` and evaluation (through ``medclr.inference.preprocess_image``)."""
+    MIN_SIDE, a side MAX_ASPECT times the other or more, NaN or infinite pixels. Every path that reads images
+    checks it: the app, ``medclr inspect``, ``medclr score`` and evaluation (through ``medclr.inference.preprocess_image``)."""
     if min(arr.shape) < MIN_SIDE:
         return (f"{arr.shape[1]}x{arr.shape[0]} pixels is not a radiograph (each side must be at least "
                 f"{MIN_SIDE} px)")

@@ -34,8 +34,8 @@ The number of sentences that needed a window or truncation is logged.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 PREFIX = "##"
 

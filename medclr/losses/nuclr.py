@@ -176,7 +176,7 @@ class NUCLRLoss(ContrastiveLoss):
         log_phi_all = batch.gather(log_phi).to(self.u_img.device)  # (B, 2): same on every rank
 
         rows, masses = 0.0, []
-        for k, (anc, cand, s, diag, zeta_c, xi, logits_neg) in enumerate(dirs):
+        for k, (anc, _cand, s, diag, zeta_c, xi, logits_neg) in enumerate(dirs):
             table = getattr(self, f"u_{anc}")
             with torch.no_grad():
                 new = log_phi_all[:, k]
@@ -205,7 +205,7 @@ class NUCLRLoss(ContrastiveLoss):
         if update_zeta:
             with torch.no_grad():
                 mass_all = all_reduce_sum(torch.stack(masses)).to(self.u_img.device)  # (2, B)
-                for k, (anc, cand) in enumerate(_DIRECTIONS):
+                for k, (_anc, cand) in enumerate(_DIRECTIONS):
                     zeta, xi = getattr(self, f"zeta_{cand}"), getattr(self, f"xi_{cand}")
                     uniq, g, _ = dedup_mean(idx_all, 1.0 - mass_all[k])
                     lr = self.zeta_lr if cand == "txt" else self.zeta_lr_img

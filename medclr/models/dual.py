@@ -18,12 +18,12 @@ import torch
 from torch import nn
 
 from medclr.errors import MedclrError
+from medclr.files import atomic_path, write_text
 from medclr.hub import one_line
 from medclr.models.hub import load_tokenizer
 from medclr.models.image import ImageEncoder, ImageFeatures
 from medclr.models.similarity import build_head
 from medclr.models.text import TextEncoder, TextFeatures
-from medclr.files import atomic_path, write_text
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -87,7 +87,7 @@ class DualEncoder(nn.Module):
         }
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], tokenizer: Any = None, load_image_weights: bool = True) -> "DualEncoder":
+    def from_config(cls, cfg: Mapping[str, Any], tokenizer: Any = None, load_image_weights: bool = True) -> DualEncoder:
         """Rebuild the architecture from :meth:`to_config` (random weights except, when
         ``load_image_weights``, cached ImageNet weights as the image config asks)."""
         if not isinstance(cfg, Mapping) or cfg.get("format") != FORMAT:
@@ -114,7 +114,7 @@ class DualEncoder(nn.Module):
         return out
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> "DualEncoder":
+    def from_pretrained(cls, directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> DualEncoder:
         from safetensors.torch import load_model
 
         src = Path(directory)

@@ -259,7 +259,7 @@ class ImageEncoder(nn.Module):
         }
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any], load_weights: bool = True) -> "ImageEncoder":
+    def from_config(cls, cfg: dict[str, Any], load_weights: bool = True) -> ImageEncoder:
         """Rebuild from :meth:`to_config`. ``load_weights=False`` skips the ImageNet file (the caller
         is about to load a checkpoint over it)."""
         known = {"arch", "joint_dim", "projector", "pretrained", "input_norm", "channels_last", "output_stride", "stages"}

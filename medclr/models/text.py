@@ -123,7 +123,7 @@ class TextEncoder(nn.Module):
         trust_remote_code: bool = False,
         revision: str | None = None,
         cache_dir: str | os.PathLike | None = None,
-    ) -> "TextEncoder":
+    ) -> TextEncoder:
         """Load a backbone (+ tokenizer) from a local dir or a cached hub id.
 
         ``projection="auto"`` reuses a CXR-BERT ``cls_projection_head`` from the checkpoint when it
@@ -265,7 +265,7 @@ class TextEncoder(nn.Module):
         }
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], tokenizer: Any = None) -> "TextEncoder":
+    def from_config(cls, cfg: Mapping[str, Any], tokenizer: Any = None) -> TextEncoder:
         """Rebuild the architecture (random weights) from :meth:`to_config`; no code from the checkpoint
         is run, so only model types built into transformers are accepted."""
         from transformers import AutoModel

@@ -199,17 +199,17 @@ def _vessels(S, hila, lungs, rng, u) -> np.ndarray:
         ln.append(0.09 * S * rng.uniform(0.8, 1.2, n))
         wt.append(np.full(n, 0.8))
         sg.append(np.full(n, -1.0 if side == 0 else 1.0))
-    x, y, a, l, w, s = (np.concatenate(v) for v in (xs, ys, ang, ln, wt, sg))
+    x, y, a, length, w, s = (np.concatenate(v) for v in (xs, ys, ang, ln, wt, sg))
     thick, thin = [], []
     for depth in range(5):
-        x1, y1 = x + s * np.cos(a) * l, y + np.sin(a) * l
+        x1, y1 = x + s * np.cos(a) * length, y + np.sin(a) * length
         mid = np.stack([(x + x1) / 2 + rng.normal(0, 0.008 * S, len(x)), (y + y1) / 2], 1)
         ctrl = np.stack([np.stack([x, y], 1), mid, np.stack([x1, y1], 1)], 1)
         (thick if depth < 2 else thin).append((ctrl, w))
         m = len(x)
         x, y = np.repeat(x1, 2), np.repeat(y1, 2)
         a = np.repeat(a, 2) + np.tile([-0.38, 0.38], m) + rng.normal(0, 0.12, 2 * m)
-        l = np.repeat(l, 2) * rng.uniform(0.55, 0.75, 2 * m)
+        length = np.repeat(length, 2) * rng.uniform(0.55, 0.75, 2 * m)
         w = np.repeat(w, 2) * 0.7
         s = np.repeat(s, 2)
     ctrl = np.concatenate([g[0] for g in thick + thin])

@@ -47,7 +47,8 @@ def _split(text: str) -> tuple[float, float]:
     try:
         parts = [float(p) for p in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected TRAIN,VALIDATE[,TEST] fractions such as 0.8,0.1,0.1")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected TRAIN,VALIDATE[,TEST] fractions such as 0.8,0.1,0.1") from None
     if len(parts) not in (2, 3) or any(p < 0 for p in parts):
         raise argparse.ArgumentTypeError(f"{text!r}: expected two or three non-negative fractions")
     if len(parts) == 3:

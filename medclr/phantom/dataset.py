@@ -29,9 +29,7 @@ from tqdm.auto import tqdm
 
 from medclr import __version__
 from medclr.errors import MedclrError
-from medclr.phantom import reports as R
-from medclr.phantom import vocab as V
-from medclr.phantom import writer as W
+from medclr.phantom import reports as R, vocab as V, writer as W
 from medclr.phantom.material import load_material
 from medclr.phantom.plan import SOURCES, class_model_prob, eval_targets, plan_eval_study, plan_study
 from medclr.phantom.renderer import render
@@ -132,7 +130,8 @@ def _study(task) -> dict:
     row["mscxr"] = mscxr
     acq = {key: round(v, 5) for key, v in res["acquisition"].items()}
     row["gt"] = {"dicom_id": dicom_id, "study_id": study, "subject_id": subject, "split": split,
-                 "source": spec["source"], "eval_target": spec["eval_target"], "openi_uid": spec["uid"], "view": spec["view"], "image_path": image_path,
+                 "source": spec["source"], "eval_target": spec["eval_target"], "openi_uid": spec["uid"], "view": spec["view"],
+                 "image_path": image_path,
                  "report_path": report_path, "latent_class": spec["latent_class"], "latent_class_prob": prob,
                  "latent_class_model_prob": model_prob, "latent_class_count": count, "n_findings": len(findings),
                  "findings": findings, "ctr": round(res["ctr"], 4), "lung_mask": res["lung_mask"],

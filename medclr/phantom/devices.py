@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from medclr.phantom import draw
-from medclr.phantom import lesions as L
+from medclr.phantom import draw, lesions as L
 from medclr.phantom.lesions import Canvas, sides_of
 
 

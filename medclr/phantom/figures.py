@@ -150,14 +150,14 @@ def class_figure(tables: dict[str, pd.DataFrame], path: Path, batch: int = 64) -
     plt.close(fig)
     md = [f"| set | studies | classes | singletons | top class (share) | mean P(>=1 FN), B={batch} | "
           f"mean E[#FN], B={batch} |", "|---|---:|---:|---:|---|---:|---:|"]
-    for name, n, counts, prev, ps in summary:
+    for name, n, counts, _prev, ps in summary:
         md.append(f"| {name} | {n} | {len(counts)} | {int((counts == 1).sum())} | `{counts.index[0]}` "
                   f"({counts.iloc[0] / n:.1%}) | {ps['p_any'].mean():.3f} | {ps['expected'].mean():.2f} |")
     md += ["", "| set | " + " | ".join(CHEX5_NAMES) + " |", "|---|" + "---:|" * 5]
-    for name, n, counts, prev, ps in summary:
+    for name, _n, _counts, prev, _ps in summary:
         md.append(f"| {name} | " + " | ".join(f"{v:.1%}" for v in prev) + " |")
     md += ["", f"| set | latent class | share p | P(>=1 FN in B={batch}) | E[#FN] |", "|---|---|---:|---:|---:|"]
-    for name, n, counts, prev, ps in summary:
+    for name, n, counts, _prev, _ps in summary:
         for cls, cnt in counts.iloc[:6].items():
             fn = false_negative_rates(np.array([cnt / n]), batch)
             md.append(f"| {name} | `{cls}` | {cnt / n:.4f} | {fn['p_any'][0]:.3f} | {fn['expected'][0]:.2f} |")

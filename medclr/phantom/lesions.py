@@ -40,7 +40,7 @@ class Canvas:
     metal: np.ndarray
 
     @classmethod
-    def empty(cls, anat: Anatomy) -> "Canvas":
+    def empty(cls, anat: Anatomy) -> Canvas:
         S = anat.S
         return cls(anat, np.ones((S, S), np.float32), np.zeros((S, S), np.float32), np.zeros((S, S), np.float32),
                    np.ones((S, S), np.float32), np.zeros((S, S), np.float32))

@@ -31,9 +31,8 @@ from scipy import ndimage as ndi
 from skimage.morphology import convex_hull_image
 
 from medclr.errors import MedclrError
-from medclr.phantom import textmatch as tm
-from medclr.phantom import vocab as V
 from medclr.files import atomic_path
+from medclr.phantom import textmatch as tm, vocab as V
 
 log = logging.getLogger(__name__)
 VERSION = 3

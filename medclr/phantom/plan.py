@@ -24,8 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from medclr.phantom import reports as R
-from medclr.phantom import vocab as V
+from medclr.phantom import reports as R, vocab as V
 from medclr.phantom.renderer import stream
 
 SOURCES = ("openi", "composed", "both")

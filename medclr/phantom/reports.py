@@ -15,8 +15,7 @@ import textwrap
 
 import numpy as np
 
-from medclr.phantom import textmatch as tm
-from medclr.phantom import vocab as V
+from medclr.phantom import textmatch as tm, vocab as V
 
 CHEX5_NAMES = ("cardiomegaly", "edema", "pleural_effusion", "pneumonia", "pneumothorax")
 # findings a bank sentence may also mention without stating a new finding (shared keywords)

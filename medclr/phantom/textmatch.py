@@ -9,7 +9,7 @@ the same report, and pick real sentences for composed reports.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 # canonical finding -> pattern of a mention (lower-case text)
 KEYWORDS: dict[str, str] = {
@@ -82,7 +82,7 @@ _SIDE_WORDS = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pattern(name: str) -> re.Pattern:
     return re.compile(KEYWORDS[name])
 

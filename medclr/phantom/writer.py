@@ -38,7 +38,8 @@ FINDING_TYPE = pa.struct([
 ])
 GROUND_TRUTH_SCHEMA = pa.schema([
     ("dicom_id", pa.string()), ("study_id", pa.string()), ("subject_id", pa.string()), ("split", pa.string()),
-    ("source", pa.string()), ("eval_target", pa.string()), ("openi_uid", pa.string()), ("view", pa.string()), ("image_path", pa.string()),
+    ("source", pa.string()), ("eval_target", pa.string()), ("openi_uid", pa.string()), ("view", pa.string()),
+    ("image_path", pa.string()),
     ("report_path", pa.string()), ("latent_class", pa.string()), ("latent_class_prob", pa.float64()),
     ("latent_class_model_prob", pa.float64()), ("latent_class_count", pa.int64()), ("n_findings", pa.int32()),
     ("findings", pa.list_(FINDING_TYPE)), ("ctr", pa.float64()), ("lung_mask", pa.int32()),

@@ -107,5 +107,6 @@ def read_mimic_cxr_jpg(
     if df.empty:
         raise MedclrError(f"{root}: no image with a report matched the filters (views={views})")
     df = df.sort_values(["subject_id", "study_id", "dicom_id"], kind="stable")
-    columns = ["subject_id", "study_id", "dicom_id", "image_path", "view", "split", "report", "text", "sentences", *CHEXPERT_LABELS]
+    columns = ["subject_id", "study_id", "dicom_id", "image_path", "view", "split", "report", "text", "sentences",
+               *CHEXPERT_LABELS]
     return normalise(df[columns])
