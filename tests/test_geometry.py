@@ -15,9 +15,11 @@ import torch
 from medclr.geometry import CropGeometry
 from medclr.inference import Preprocess, preprocess_image
 
-# (H, W, resize, crop): the example both ways round, odd and even sizes, no-op resizes, enlarging
+# (H, W, resize, crop): the example both ways round, odd and even sizes, no-op resizes, enlarging,
+# very tall and very wide (aspect up to 3.75, below the reader's limit of 4)
 SHAPES = [(3056, 2544, 512, 480), (2544, 3056, 512, 480), (300, 200, 80, 64), (64, 96, 32, 32),
-          (611, 777, 300, 299), (1955, 1841, 224, 224), (100, 333, 256, 225), (50, 40, 64, 63)]
+          (611, 777, 300, 299), (1955, 1841, 224, 224), (100, 333, 256, 225), (50, 40, 64, 63),
+          (333, 100, 256, 225), (120, 450, 72, 64), (2000, 560, 72, 64)]
 
 
 def _training_view(img: np.ndarray, resize: int, crop: int) -> tuple[torch.Tensor, tuple[int, int]]:
