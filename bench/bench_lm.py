@@ -59,7 +59,8 @@ def timed(fn, device) -> tuple[float, float]:
 
 
 def plain_batches(corpus, cfg, n: int, seed: int = 0) -> list[dict]:
-    """``n`` ready batches of the fit's shapes: random tokens, padding, 15 % of the tokens labelled."""
+    """``n`` ready batches of the fit's shapes: random tokens, padding, 15 % of the word pieces labelled
+    (as many as the fit's masking labels on average: the LM head's cost follows that count)."""
     import torch
 
     from medclr.lm.fit import IGNORE, _batches
@@ -70,10 +71,13 @@ def plain_batches(corpus, cfg, n: int, seed: int = 0) -> list[dict]:
     out = []
     for rows, width, lengths in (shapes * (n // len(shapes) + 1))[:n]:
         dev = corpus.ids.device
-        attention = (torch.arange(width, device=dev) < torch.as_tensor(lengths, device=dev)[:, None]).long()
+        pos, ends = torch.arange(width, device=dev), torch.as_tensor(lengths, device=dev)[:, None]
+        attention = (pos < ends).long()
         ids = torch.randint(5, corpus.vocab_size, (rows, width), device=dev, generator=g) * attention
-        chosen = (torch.rand((rows, width), device=dev, generator=g) < cfg.mlm_probability) & attention.bool()
-        chosen[:, 1] = True  # at least one label per row: the loss is never empty
+        pieces = (pos > 0) & (pos < ends - 1)  # not [CLS], [SEP] or padding
+        chosen = (torch.rand((rows, width), device=dev, generator=g) < cfg.mlm_probability) & pieces
+        if not chosen.any():  # the loss is never empty
+            chosen[0, 1] = True
         out.append({"input_ids": ids, "attention_mask": attention, "labels": ids.masked_fill(~chosen, IGNORE)})
     return out
 

@@ -248,6 +248,19 @@ def _autocast(device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
+def _optimizer_step(model, opt, params: list, batch: dict, device):
+    """Forward, backward, clip to norm 1, AdamW; the loss stays on the device (reading it would wait)."""
+    import torch
+
+    with _autocast(device):
+        loss, _ = mlm_loss(model, batch)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return loss.detach()
+
+
 @dataclass
 class TrainResult:
     steps: int
@@ -280,14 +293,8 @@ def train_steps(model, opt, corpus: TokenizedCorpus, cfg: FitConfig, total_steps
             batch = corpus.batch(order[start : start + len(idx)], int(corpus.lengths[idx].max()),
                                  cfg.mlm_probability, generator)
             start += len(idx)
-            with _autocast(device):
-                loss, _ = mlm_loss(model, batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            losses.append(_optimizer_step(model, opt, params, batch, device))
             step += 1
-            losses.append(loss.detach())
             bar.update(1)
             if step % LOG_EVERY == 0:
                 bar.set_postfix(loss=f"{torch.stack(losses[-LOG_EVERY:]).mean().item():.3f}", refresh=False)
