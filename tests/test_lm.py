@@ -6,6 +6,7 @@ vocabulary built in the test; nothing is downloaded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -298,9 +299,11 @@ def test_fit_saves_a_loadable_seeded_model(tmp_path):
 
     from medclr.lm.fit import FitConfig, fit_lm
 
-    cfg = FitConfig(vocab_size=200, layers=1, hidden=32, heads=2, max_length=32, epochs=2, batch_size=8, max_minutes=1)
+    cfg = FitConfig(vocab_size=200, layers=1, hidden=32, heads=2, max_length=32, epochs=2, batch_size=8, max_minutes=1,
+                    device="cpu")
     rep = fit_lm(CORPUS, tmp_path / "a", cfg, val_sentences=CORPUS[:5], progress=False)
     assert rep.steps == 8 and rep.stopped_by == "epochs" and rep.val_loss is not None
+    assert rep.device == "cpu" and 0 < rep.train_seconds <= rep.seconds
     info = json.loads((tmp_path / "a" / "medclr_lm.json").read_text())
     assert info["config"]["layers"] == 1 and info["report"]["n_train_sentences"] == len(CORPUS)
     mlm = AutoModelForMaskedLM.from_pretrained(tmp_path / "a", local_files_only=True)
@@ -318,6 +321,108 @@ def test_fit_saves_a_loadable_seeded_model(tmp_path):
         fit_lm(CORPUS, tmp_path / "a", cfg, progress=False)
     with pytest.raises(MedclrError, match="corpus"):
         fit_lm(CORPUS[:3], tmp_path / "c", cfg, progress=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(MedclrError, match="--device cuda: no CUDA device"):
+            fit_lm(CORPUS, tmp_path / "d", dataclasses.replace(cfg, device="cuda"), progress=False)
+
+
+def _fit_parts(seed=0, device="cpu"):
+    from medclr.lm.fit import FitConfig, build_model, build_optimizer, tokenize_corpus, train_tokenizer
+
+    cfg = FitConfig(vocab_size=200, layers=1, hidden=32, heads=2, max_length=32, batch_size=8, seed=seed, device=device)
+    tok = train_tokenizer(CORPUS, cfg.vocab_size, cfg.min_frequency, cfg.max_length)
+    corpus = tokenize_corpus(tok, CORPUS, cfg.max_length, torch.device(device))
+    torch.manual_seed(seed)
+    model = build_model(cfg, tok).to(device)
+    return cfg, tok, corpus, model, build_optimizer(model, cfg)
+
+
+def test_fit_same_seed_same_loss_sequence():
+    from medclr.lm.fit import train_steps
+
+    def run(seed):
+        cfg, _, corpus, model, opt = _fit_parts(seed)
+        return train_steps(model, opt, corpus, cfg, 12)
+
+    runs = [run(seed) for seed in (0, 0, 1)]
+    assert runs[0].steps == 12 and len(runs[0].losses) == 12 and all(np.isfinite(runs[0].losses))
+    assert runs[0].losses == runs[1].losses  # exactly: same batches, masks, dropout and updates
+    assert runs[0].losses != runs[2].losses
+
+
+def test_tokenize_corpus_pads_and_protects_special_tokens():
+    cfg, tok, corpus, _, _ = _fit_parts()
+    enc = tok(CORPUS, truncation=True, max_length=cfg.max_length)
+    assert corpus.lengths.tolist() == [len(x) for x in enc["input_ids"]] and corpus.vocab_size == len(tok)
+    for row, ids in enumerate(enc["input_ids"]):
+        n = len(ids)
+        assert corpus.ids[row, :n].tolist() == ids and (corpus.ids[row, n:] == tok.pad_token_id).all()
+        assert corpus.attention[row].tolist() == [1] * n + [0] * (corpus.ids.shape[1] - n)
+        # [CLS], [SEP] and padding are never masked; every word piece can be
+        assert corpus.no_mask[row].tolist() == [True] + [False] * (n - 2) + [True] * (corpus.ids.shape[1] - n + 1)
+
+
+def test_mask_tokens_draws_what_the_transformers_collator_draws():
+    from transformers import DataCollatorForLanguageModeling
+
+    from medclr.lm.fit import mask_tokens
+
+    cfg, tok, corpus, _, _ = _fit_parts()
+    enc = tok(CORPUS, truncation=True, max_length=cfg.max_length, return_special_tokens_mask=True)
+    examples = [{"input_ids": i, "special_tokens_mask": m} for i, m in zip(enc["input_ids"], enc["special_tokens_mask"])]
+    collator = DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.15, seed=7)
+    g = torch.Generator().manual_seed(7)
+    for start in (0, 8, 16):  # consecutive batches: the generator's stream stays in step
+        rows = slice(start, start + 8)
+        want = collator(examples[rows])
+        width = int(corpus.lengths[rows].max())
+        inputs, labels = mask_tokens(corpus.ids[rows, :width], corpus.no_mask[rows, :width], 0.15, tok.mask_token_id,
+                                     len(tok), g)
+        assert torch.equal(inputs, want["input_ids"]) and torch.equal(labels, want["labels"])
+        assert (labels != -100).any()
+
+
+def test_mask_tokens_80_10_10_and_never_special_or_padding():
+    from medclr.lm.fit import IGNORE, mask_tokens
+
+    rng = np.random.default_rng(0)
+    rows, width, vocab, mask_id = 4000, 64, 1000, 4
+    lengths = rng.integers(3, width + 1, rows)
+    pos = np.arange(width)
+    ids = torch.from_numpy(rng.integers(5, vocab, (rows, width)))
+    ids[:, 0] = 2  # [CLS]
+    ids[torch.from_numpy(pos == lengths[:, None] - 1)] = 3  # [SEP]
+    pad = torch.from_numpy(pos >= lengths[:, None])
+    ids[pad] = 0
+    no_mask = torch.from_numpy((pos == 0) | (pos >= lengths[:, None] - 1))
+    inputs, labels = mask_tokens(ids, no_mask, 0.15, mask_id, vocab, torch.Generator().manual_seed(0))
+    chosen = labels != IGNORE
+    n_free, n_chosen = int((~no_mask).sum()), int(chosen.sum())
+    assert not chosen[no_mask].any() and torch.equal(inputs[no_mask], ids[no_mask])  # special tokens, padding
+    assert torch.equal(labels[chosen], ids[chosen]) and torch.equal(inputs[~chosen], ids[~chosen])
+    # binomial tolerances: 6 standard deviations at these counts (~30,000 chosen of ~200,000)
+    assert abs(n_chosen / n_free - 0.15) < 6 * np.sqrt(0.15 * 0.85 / n_free)
+    as_mask = float((inputs[chosen] == mask_id).float().mean())
+    changed = inputs[chosen] != ids[chosen]
+    as_random = float((changed & (inputs[chosen] != mask_id)).float().mean())
+    kept = float((~changed).float().mean())
+    tol = 6 * np.sqrt(0.1 * 0.9 / n_chosen)
+    assert abs(as_mask - 0.8) < 6 * np.sqrt(0.16 / n_chosen)
+    # a random token equals the original with chance ~1/vocab: 'kept' gains that sliver of the 10 %
+    assert abs(as_random - 0.1 * (1 - 1 / vocab)) < tol and abs(kept - (0.1 + 0.1 / vocab)) < tol
+    random_tokens = inputs[chosen][changed & (inputs[chosen] != mask_id)]
+    assert 0 <= int(random_tokens.min()) and int(random_tokens.max()) < vocab
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fit_on_cuda(tmp_path):
+    from medclr.lm.fit import FitConfig, fit_lm
+
+    cfg = FitConfig(vocab_size=200, layers=1, hidden=32, heads=2, max_length=32, epochs=2, batch_size=8, device="cuda")
+    rep = fit_lm(CORPUS, tmp_path / "a", cfg, val_sentences=CORPUS[:5], progress=False)
+    assert rep.device.startswith("cuda") and rep.steps == 8 and np.isfinite(rep.val_loss)
+    m2, t2 = load_masked_lm(tmp_path / "a", device="cpu")
+    assert np.all(pseudo_log_likelihood(["Heart size is normal."], m2, t2, progress=False) < 0)
 
 
 def test_calibrate_recovers_a_k(tmp_path):

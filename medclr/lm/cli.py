@@ -17,6 +17,7 @@ examples:
   medclr prepare --openi --out openi.parquet
   medclr lm fit --manifest openi.parquet --out runs/lm    # about 3-5 min on 2 idle cores; --max-minutes caps it
   medclr lm fit --manifest m.parquet --out runs/lm --layers 2 --hidden 128 --max-minutes 2
+  medclr lm fit --manifest openi.parquet --out runs/lm --device cpu    # the CPU's LM on a GPU machine
 
 The directory holds a Hugging Face BertForMaskedLM + tokenizer (save_pretrained):
 `medclr lm score --model runs/lm` scores with it, and the text encoder can start
@@ -96,6 +97,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr:g})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"default {d.seed}")
     p.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:1 ... (default: cuda when present; the same seed gives the same LM on "
+                        "every CPU, a GPU's differs in the last bits)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's; 1 is faster on a busy shared machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -185,7 +189,8 @@ def run_fit(args: argparse.Namespace) -> int:
     val = _sentences(manifest, "validate") if args.split != "all" and (manifest["split"] == "validate").any() else []
     cfg = FitConfig(vocab_size=args.vocab_size, min_frequency=args.min_frequency, layers=args.layers,
                     hidden=args.hidden, heads=args.heads, max_length=args.max_length, epochs=args.epochs,
-                    max_minutes=args.max_minutes, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+                    max_minutes=args.max_minutes, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                    device=args.device)
     fit_lm(train, args.out, cfg, val_sentences=val, overwrite=args.overwrite, progress=not args.no_progress)
     return 0
 
