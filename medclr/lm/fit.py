@@ -399,7 +399,7 @@ def fit_lm(
     report = FitReport(
         out_dir=str(out), n_train_sentences=len(train), n_val_sentences=len(val), vocab_size=len(tok),
         parameters=n_params, steps=run.steps, epochs_done=round(run.steps / steps_per_epoch, 3),
-        seconds=round(seconds, 1), stopped_by=run.stopped_by, device=str(device), train_seconds=round(run.seconds, 2),
+        seconds=round(seconds, 2), stopped_by=run.stopped_by, device=str(device), train_seconds=round(run.seconds, 2),
         train_loss=[round(float(np.mean(run.losses[i : i + tenth])), 4) for i in range(0, run.steps, tenth)],
         val_loss=None if val_loss is None else round(val_loss, 4),
         val_pseudo_perplexity=None if val_loss is None else round(math.exp(val_loss), 3),
