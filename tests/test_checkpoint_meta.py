@@ -179,3 +179,20 @@ def test_unparsable_file_and_bad_write(tmp_path):
     with pytest.raises(MedclrError, match="field 'step' is 1.5, expected int"):
         write_metadata(tmp_path / "new", CheckpointMeta(image_size=64, step=1.5))
     assert not (tmp_path / "new" / "checkpoint_meta.json").exists()
+
+
+@pytest.mark.parametrize("name, kwargs, tau", [("infonce", {"tau": 0.1}, 0.1), ("decl", {}, 0.07),
+                                                ("siglip", {}, None)])
+def test_training_records_the_tau_its_loss_used(name, kwargs, tau):
+    """What training writes: the loss's own tau (its default when the config sets none), crop and resize."""
+    from medclr.losses import build_loss
+    from medclr.training.checkpoint import checkpoint_meta
+
+    loss = build_loss(name, **kwargs, **({"num_samples": 8} if name == "decl" else {}))
+    cfg = {"data": {"crop": 32, "resize": 36, "eta": None, "manifest": "m.parquet", "split": "train"},
+           "loss": {"name": name, "eta_source": "none"}}
+    state = {"config": cfg, "fingerprint": "f", "n_train": 8, "global_batch": 4, "step": 2, "total_steps": 4,
+             "last_loss": 1.25}
+    meta = checkpoint_meta(state, loss)
+    assert meta.tau == tau and (meta.image_size, meta.resize, meta.loss, meta.step) == (32, 36, name, 2)
+    assert meta.manifest == str(Path("m.parquet").resolve()) and meta.eta_table is None

@@ -258,8 +258,7 @@ def _run(plan: Plan, env: DistEnv) -> dict:
     def save(last_loss: float | None) -> None:
         ckpt_mod.save_checkpoint(out=out, step=step, model=model, loss=loss, optimizer=optimizer, scheduler=scheduler,
                                  scaler=scaler, trainer_state=trainer_state(last_loss), config_yaml=dump_yaml(cfg),
-                                 preprocess=(int(cfg["data"]["crop"]), int(cfg["data"]["resize"])), env=env,
-                                 keep_last=int(cfg["ckpt"]["keep_last"]), barrier=lambda: barrier(env),
+                                 env=env, keep_last=int(cfg["ckpt"]["keep_last"]), barrier=lambda: barrier(env),
                                  sample_index=plan.table.manifest_index)
         if env.is_main:
             print(f"checkpoint {ckpt_mod.step_dir(out, step)}", flush=True)

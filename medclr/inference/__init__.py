@@ -5,8 +5,9 @@ same preprocessing and the same maths. The parts:
 
 * :mod:`~medclr.inference.preprocess`: training's deterministic image view, its crop geometry, the
   DataLoader that decodes files in workers;
-* :mod:`~medclr.inference.checkpoint`: what a checkpoint dir records (``preprocess.json``, tau, eta
-  table), the weights fingerprint, :func:`load_checkpoint`;
+* :mod:`~medclr.inference.metadata`: ``checkpoint_meta.json``, what a checkpoint records for its readers
+  (preprocessing, tau, eta table, training provenance): :func:`read_metadata`, :func:`write_metadata`;
+* :mod:`~medclr.inference.checkpoint`: the weights fingerprint, :func:`load_checkpoint`;
 * :mod:`~medclr.inference.stats`: eta_LM and NUCLR zeta per sentence / manifest index;
 * :mod:`~medclr.inference.engine`: :class:`Inference` (embeddings, zero-shot, grounding).
 
@@ -15,9 +16,10 @@ This package re-exports their public names; ``from medclr.inference import X`` i
 
 from medclr.inference.checkpoint import DEFAULT_TAU as DEFAULT_TAU
 from medclr.inference.checkpoint import LOSS_STATE_NAME as LOSS_STATE_NAME
-from medclr.inference.checkpoint import PREPROCESS_NAME as PREPROCESS_NAME
-from medclr.inference.checkpoint import load_checkpoint, read_checkpoint_info, weights_sha256, write_preprocess
+from medclr.inference.checkpoint import load_checkpoint, weights_sha256
 from medclr.inference.engine import EncodedImage, Inference
+from medclr.inference.metadata import METADATA_NAME as METADATA_NAME
+from medclr.inference.metadata import CheckpointMeta, read_metadata, write_metadata
 from medclr.inference.preprocess import DEFAULT_IMAGE_SIZE as DEFAULT_IMAGE_SIZE
 from medclr.inference.preprocess import (
     CropGeometry,
@@ -30,6 +32,6 @@ from medclr.inference.preprocess import (
 )
 from medclr.inference.stats import SentenceStats
 
-__all__ = ["CropGeometry", "EncodedImage", "ImageFiles", "Inference", "Preprocess", "SentenceStats",
-           "collate_images", "image_loader", "load_checkpoint", "preprocess_image", "read_checkpoint_info",
-           "weights_sha256", "write_preprocess"]
+__all__ = ["CheckpointMeta", "CropGeometry", "EncodedImage", "ImageFiles", "Inference", "Preprocess",
+           "SentenceStats", "collate_images", "image_loader", "load_checkpoint", "preprocess_image", "read_metadata",
+           "weights_sha256", "write_metadata"]
