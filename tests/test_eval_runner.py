@@ -102,7 +102,8 @@ def make_checkpoint(path, sentences, head, seed=0):
     model = build_dual_encoder(lm, joint_dim=32, head=head, image_pretrained="none")
     model.head.trained = True  # stands for a trained checkpoint (an untrained lse_nl head is refused)
     model.save_pretrained(path)
-    write_metadata(path, CheckpointMeta(image_size=64, resize=72))  # shorter side -> 72, centre crop 64: a real crop, 2x2 region grid
+    # shorter side -> 72, centre crop 64: a real crop, 2x2 region grid
+    write_metadata(path, CheckpointMeta(image_size=64, resize=72))
     return path
 
 
