@@ -191,7 +191,6 @@ class Validator:
         res.update({f"val/i2t_{k}": float(v) for k, v in r.items()})
         if s_pos is not None:
             from medclr.data.labels import CHEX5
-            from medclr.evaluation.zeroshot import zero_shot_metrics
 
             m = zero_shot_metrics(s_pos, s_neg, table.labels, classes=CHEX5, n_boot=0)
             res["val/chex5_auc"] = m["macro"]["AUC"]
