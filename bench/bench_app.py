@@ -61,7 +61,7 @@ def build_checkpoint(name: str, root: Path) -> Path:
     import torch
     from transformers import BertConfig, BertForMaskedLM
 
-    from medclr.inference import write_preprocess
+    from medclr.inference import CheckpointMeta, write_metadata
     from medclr.lm.fit import train_tokenizer
     from medclr.models.dual import build_dual_encoder
     from medclr.prompts import BUILTIN_PROMPTS
@@ -84,7 +84,7 @@ def build_checkpoint(name: str, root: Path) -> Path:
                                image_pretrained="none", projector=spec["projector"])
     model.head.trained = True  # random weights stand for trained ones (an untrained head is refused at load)
     model.save_pretrained(out)
-    write_preprocess(out, spec["image_size"], spec["resize"])
+    write_metadata(out, CheckpointMeta(image_size=spec["image_size"], resize=spec["resize"]))
     return out
 
 

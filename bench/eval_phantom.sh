@@ -48,7 +48,7 @@ torch.manual_seed(seed)
 model = DualEncoder.from_config(json.loads((src / "config.json").read_text()), tokenizer=trained.tokenizer,
                                 load_image_weights=False)
 model.save_pretrained(dst)
-for name in ("preprocess.json", "train_config.yaml"):
+for name in ("checkpoint_meta.json", "preprocess.json", "train_config.yaml"):
     if (src / name).is_file():
         shutil.copy(src / name, dst / name)
 PY

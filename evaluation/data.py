@@ -16,7 +16,6 @@ from another manifest). One evaluation sample of grounding/retrieval is one PHRA
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -250,49 +249,27 @@ def control_pairs(ph: Phrases, seed: int) -> np.ndarray:
 # --------------------------------------------------------------------------- model adapter
 
 
-def _train_config_crop(checkpoint: Path) -> tuple[int | None, int | None]:
-    """(data.crop, data.resize) of the checkpoint's train_config.yaml, or (None, None)."""
-    path = checkpoint / "train_config.yaml"
-    if not path.is_file():
-        return None, None
-    try:
-        import yaml
-
-        d = (yaml.safe_load(path.read_text()) or {}).get("data", {}) or {}
-        crop, resize = d.get("crop"), d.get("resize")
-        return (int(crop), int(resize) if resize else None) if crop else (None, None)
-    except Exception:  # noqa: BLE001 - an unreadable side file: fall back to the checkpoint's own record
-        return None, None
+TRAINING_FIELDS = ("loss", "step", "total_steps", "global_batch", "n_train", "last_loss", "manifest")
 
 
 class Model:
     """The few things evaluation needs from ``medclr.inference`` (one place to adapt)."""
 
     def __init__(self, checkpoint: str | Path, device: str = "cpu") -> None:
-        from medclr.inference import load_checkpoint, read_checkpoint_info
+        from medclr.inference import load_checkpoint
 
-        size, resize = None, None
-        info = read_checkpoint_info(checkpoint)
-        if info.get("image_size") is None:  # training records its crop as data.crop in train_config.yaml
-            size, resize = _train_config_crop(Path(checkpoint))
-        self.engine = load_checkpoint(checkpoint, device=device, image_size=size, resize=resize)
+        self.engine = load_checkpoint(checkpoint, device=device)
         self.model, self.pre, self.device = self.engine.model, self.engine.preprocess, self.engine.device
-        self.preprocess_source = "train_config.yaml data.crop/resize" if size else info.get("source", {}).get(
-            "image_size", "medclr.inference default")
+        self.meta = self.engine.meta
 
     def describe(self) -> dict[str, Any]:
         head = self.model.head.to_config() if hasattr(self.model.head, "to_config") else {}
-        training = {}
-        state = Path(self.engine.checkpoint_dir or ".") / "trainer_state.json"
-        if state.is_file():  # what training recorded: the loss, how far it got, on which manifest
-            try:
-                st = json.loads(state.read_text())
-                training = {k: st.get(k) for k in ("loss", "step", "total_steps", "global_batch", "n_train",
-                                                    "last_loss", "manifest") if k in st}
-            except (OSError, ValueError):
-                pass
-        return {"training": training,"preprocess": {"image_size": int(self.pre.image_size), "resize": int(self.pre.resize_to),
-                               "source": self.preprocess_source},
+        # what training recorded: the loss, how far it got, on which manifest (none for a hand-made checkpoint)
+        training = {k: getattr(self.meta, k) for k in TRAINING_FIELDS
+                    if getattr(self.meta, k) is not None} if self.meta.step is not None else {}
+        return {"training": training,
+                "preprocess": {"image_size": int(self.pre.image_size), "resize": int(self.pre.resize_to),
+                               "source": self.meta.source.get("image_size")},
                 "head": head, "joint_dim": int(self.model.joint_dim),
                 "image_arch": getattr(self.model.image_encoder, "arch", None)}
 

@@ -3,7 +3,7 @@
 A small but real checkpoint, built here without training: a tiny BERT masked LM with a WordPiece
 tokenizer trained on a few report sentences, a ResNet-18 trunk (random init), joint dim 32, the
 LSE+NL head, saved with ``DualEncoder.save_pretrained``; plus the side files a trained checkpoint
-has (preprocess.json, train_config.yaml naming an eta table, loss_state.safetensors with NUCLR zeta).
+has (checkpoint_meta.json naming an eta table, loss_state.safetensors with NUCLR zeta).
 And a small manifest of image-report pairs whose images are PNGs drawn here and the real RG1 DICOM.
 Builders are memoised per base temp dir, so importing the fixtures into several modules builds once.
 """
@@ -85,26 +85,25 @@ def build_text_model(root: str) -> Path:
 
 def make_checkpoint(out: Path, text_dir: Path, seed: int = 0, image_size: int = 224, n_samples: int = N_STUDIES,
                     eta_table: Path | None = None) -> Path:
-    """A DualEncoder checkpoint dir (+ preprocess.json, train_config.yaml, loss_state.safetensors)."""
+    """A DualEncoder checkpoint dir (+ checkpoint_meta.json, loss_state.safetensors)."""
     import torch
     from safetensors.torch import save_file
 
-    from medclr.inference import write_preprocess
+    from medclr.inference import CheckpointMeta, write_metadata
     from medclr.models.dual import build_dual_encoder
 
     torch.manual_seed(seed)
     model = build_dual_encoder(text_dir, arch="resnet18", joint_dim=32, head="lse_nl", image_pretrained="none")
     model.head.trained = True  # stands for a trained checkpoint (an untrained lse_nl head is refused)
     model.save_pretrained(out)
-    write_preprocess(out, image_size)
+    trained = {"loss": "nuclr", "tau": 0.05, "eta_table": str(eta_table)} if eta_table is not None else {}
+    write_metadata(out, CheckpointMeta(image_size=image_size, resize=image_size, **trained))
     g = torch.Generator().manual_seed(seed)
     # training rows are stored in their own order: position i holds manifest index n - 1 - i here
     save_file({"loss.zeta_txt": torch.randn(n_samples, generator=g) * 0.1,
                "loss.zeta_img": torch.randn(n_samples, generator=g) * 0.1,
                "loss.u_txt": torch.zeros(n_samples),
                "sample_manifest_index": torch.arange(n_samples - 1, -1, -1)}, str(out / "loss_state.safetensors"))
-    if eta_table is not None:
-        (out / "train_config.yaml").write_text(f"loss:\n  name: nuclr\n  tau: 0.05\ndata:\n  eta: {eta_table}\n")
     return out
 
 

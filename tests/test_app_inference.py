@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -14,8 +15,7 @@ from medclr.inference import (
     Preprocess,
     load_checkpoint,
     preprocess_image,
-    read_checkpoint_info,
-    write_preprocess,
+    read_metadata,
 )
 from medclr.prompts import CHEX5_PROMPTS
 from tests.conftest_app import app_assets, engine, rg1_path  # noqa: F401 - fixtures
@@ -80,18 +80,30 @@ def test_preprocess_is_trainings_deterministic_view():
         assert mine.shape == theirs.shape and torch.equal(mine, theirs)
 
 
-def test_checkpoint_info_and_overrides(engine, app_assets, tmp_path):  # noqa: F811
-    info = read_checkpoint_info(app_assets["checkpoint"])
-    assert info["image_size"] == 224 and info["source"]["image_size"] == "preprocess.json"
-    assert info["tau"] == 0.05 and info["eta_table"] == str(app_assets["eta"])
-    assert engine.preprocess == Preprocess(224, 224) and engine.tau == 0.05
-    write_preprocess(tmp_path, 256, 288)
-    assert json.loads((tmp_path / "preprocess.json").read_text()) == {"image_size": 256, "resize": 288}
+def test_checkpoint_metadata_and_overrides(engine, app_assets, tmp_path):  # noqa: F811
+    meta = read_metadata(app_assets["checkpoint"])
+    assert meta.image_size == 224 and meta.source["image_size"] == "checkpoint_meta.json"
+    assert meta.tau == 0.05 and meta.eta_table == str(app_assets["eta"]) and engine.meta == meta
+    assert engine.preprocess == Preprocess(224, 224) and engine.tau == 0.05 and engine.stats.has_eta
     other = load_checkpoint(app_assets["other_checkpoint"], image_size=160)
-    assert other.preprocess.image_size == 160 and other.tau == pytest.approx(1 / 14)  # no training config
+    assert other.preprocess.image_size == 160 and other.tau == pytest.approx(1 / 14)  # no loss recorded
     assert not other.stats.has_eta and other.stats.has_zeta
     with pytest.raises(MedclrError, match="no such directory"):
         load_checkpoint(tmp_path / "missing")
+
+
+def test_checkpoint_of_the_old_layout_loads_as_before(engine, app_assets, tmp_path):  # noqa: F811
+    """A checkpoint from before checkpoint_meta.json: preprocess.json + train_config.yaml, as training wrote them."""
+    old = tmp_path / "old"
+    shutil.copytree(app_assets["checkpoint"], old)
+    (old / "checkpoint_meta.json").unlink()
+    (old / "preprocess.json").write_text(json.dumps({"image_size": 224, "resize": 224}))
+    (old / "train_config.yaml").write_text(f"loss:\n  name: nuclr\n  tau: 0.05\ndata:\n  eta: {app_assets['eta']}\n")
+    legacy = load_checkpoint(old)
+    assert legacy.preprocess == engine.preprocess and legacy.tau == engine.tau == 0.05
+    assert legacy.meta.source == {"image_size": "preprocess.json", "resize": "preprocess.json",
+                                  "tau": "train_config.yaml", "eta_table": "train_config.yaml"}
+    assert legacy.stats.eta("No pneumothorax.") == engine.stats.eta("No pneumothorax.") is not None
 
 
 def test_zero_shot_is_softmax_over_prompt_pair(engine):  # noqa: F811

@@ -81,7 +81,7 @@ def make_checkpoint(path, sentences, head, seed=0):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
-    from medclr.inference import write_preprocess
+    from medclr.inference import CheckpointMeta, write_metadata
     from medclr.models.dual import build_dual_encoder
     from medclr.prompts import CHEX5_PROMPTS
 
@@ -105,7 +105,8 @@ def make_checkpoint(path, sentences, head, seed=0):
     model = build_dual_encoder(lm, joint_dim=32, head=head, image_pretrained="none")
     model.head.trained = True  # stands for a trained checkpoint (an untrained lse_nl head is refused)
     model.save_pretrained(path)
-    write_preprocess(path, 64, 72)  # shorter side -> 72, centre crop 64: a real crop, 2x2 region grid
+    # shorter side -> 72, centre crop 64: a real crop, 2x2 region grid
+    write_metadata(path, CheckpointMeta(image_size=64, resize=72))
     return path
 
 
@@ -135,7 +136,7 @@ def test_cli_writes_metrics_report_and_figures(small, capsys):
     assert set(m["summary"]) == {"AUC", "ACC", "CNR", "mIoU", "Recall", "MedR"}
     assert m["zeroshot"]["n_images"] == 16 and m["grounding"]["n_phrases"] == 16 and m["retrieval"]["n_phrases"] == 16
     assert m["probe"]["n_train"] == 12 and "chex5" in m["probe"]
-    assert m["model"]["preprocess"] == {"image_size": 64, "resize": 72, "source": "preprocess.json"}
+    assert m["model"]["preprocess"] == {"image_size": 64, "resize": 72, "source": "checkpoint_meta.json"}
     report = (d / "report" / "report.md").read_text()
     for needle in ("Table 1", "Table 3", "Table 4", "Table 5", "DCL-η_LM (paper)", "not MIMIC numbers", "Linear probe"):
         assert needle in report

@@ -29,7 +29,7 @@ QUERIES = SENTENCES[:6] + ["small left pleural effusion", "right pneumothorax"]
 
 
 def _checkpoint(out: Path, text_dir: Path, head: str) -> Path:
-    from medclr.inference import write_preprocess
+    from medclr.inference import CheckpointMeta, write_metadata
     from medclr.models.dual import build_dual_encoder
 
     torch.manual_seed(3)
@@ -41,7 +41,7 @@ def _checkpoint(out: Path, text_dir: Path, head: str) -> Path:
         torch.nn.init.normal_(model.head.nl.out.weight, std=0.5)
         model.head.trained = True
     model.save_pretrained(out)
-    write_preprocess(out, 128)  # 4 x 4 region grid
+    write_metadata(out, CheckpointMeta(image_size=128))  # 4 x 4 region grid
     return out
 
 

@@ -258,6 +258,13 @@ def test_torchrun_two_processes_nuclr_learns_and_saves_tables(tiny, tmp_path):
     assert model.joint_dim == 128 and model.head.kind == "lse_nl" and model.head.trained
     assert float(model.head.nl.out.weight.detach().abs().max()) > 0  # the non-local block left its zero init: trained
     assert json.loads((out / "config.json").read_text())["image"]["output_stride"] == 16
+    from medclr.inference import read_metadata
+
+    meta = read_metadata(out)  # what every reader of OUT takes, written at the save beside the model
+    assert (meta.image_size, meta.resize, meta.tau, meta.loss, meta.eta_source) == (32, 36, 0.1, "nuclr", "none")
+    assert (meta.step, meta.total_steps, meta.n_train, meta.global_batch) == (20, 20, 16, 16)
+    assert meta.manifest == str(Path(manifest).resolve()) and meta.data_fingerprint == state["fingerprint"]
+    assert meta.source["image_size"] == "checkpoint_meta.json" and not (out / "preprocess.json").exists()
 
 
 def _cli(argv: list[str]) -> int:
@@ -399,4 +406,4 @@ def test_phantom_dcl_true_and_dcl_lm_train(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         summary = json.loads(proc.stdout.strip().splitlines()[-1])["train"]
         assert summary["steps"] == 4 and np.isfinite(summary["last_loss"])
-        assert (out / "model.safetensors").is_file() and (out / "preprocess.json").is_file()
+        assert (out / "model.safetensors").is_file() and (out / "checkpoint_meta.json").is_file()

@@ -7,10 +7,11 @@ Layout (docs/training.md, "Checkpoints and resume")::
                                     optimizer.pt             optimizer + scheduler + grad-scaler state dicts
                                     trainer_state.json       step, epoch, sampler position, config, data fingerprint
                                     rng_rank{r}.pt           torch / CUDA / numpy / python RNG of rank r (tensors)
-                                    preprocess.json          {"image_size": crop, "resize": resize} (medclr.inference)
+                                    checkpoint_meta.json     what readers need: crop, resize, tau, loss, eta table,
+                                                             data, step (medclr.inference.metadata)
                                     train_config.yaml
-    OUT/  config.json  model.safetensors  loss_state.safetensors  tokenizer/  preprocess.json  train_config.yaml
-          trainer_state.json
+    OUT/  config.json  model.safetensors  loss_state.safetensors  tokenizer/  checkpoint_meta.json
+          train_config.yaml  trainer_state.json
           (the latest checkpoint's model files: `DualEncoder.from_pretrained(OUT)` works; eval/app/index load OUT)
 
 Atomicity: a step directory is assembled under ``checkpoints/.tmp-step-N`` and renamed into place
@@ -34,10 +35,11 @@ import torch
 
 from medclr.errors import MedclrError
 from medclr.inference.checkpoint import SAMPLE_INDEX_KEY  # not part of the loss's state_dict
+from medclr.inference.metadata import METADATA_NAME, CheckpointMeta, write_metadata
 
 CKPT_DIR = "checkpoints"
 _STEP_RE = re.compile(r"^step-(\d{7,})$")
-PUBLISHED = ("config.json", "model.safetensors", "loss_state.safetensors", "preprocess.json", "train_config.yaml",
+PUBLISHED = ("config.json", "model.safetensors", "loss_state.safetensors", METADATA_NAME, "train_config.yaml",
              "trainer_state.json")
 
 
@@ -194,8 +196,25 @@ def clean_stale(out: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def checkpoint_meta(trainer_state: dict, loss: torch.nn.Module) -> CheckpointMeta:
+    """What readers of the checkpoint need, from the trainer state (and its config) and the loss."""
+    cfg, st = trainer_state["config"], trainer_state
+    tau = getattr(loss, "tau", None)  # the value the loss trained with, also when the config left the default
+    return CheckpointMeta(
+        image_size=int(cfg["data"]["crop"]), resize=int(cfg["data"]["resize"]),  # the eval-time centre crop
+        tau=float(tau) if isinstance(tau, (int, float)) else None, loss=cfg["loss"]["name"],
+        eta_source=cfg["loss"].get("eta_source"), eta_table=_absolute(cfg["data"].get("eta")),
+        manifest=_absolute(cfg["data"]["manifest"]), split=cfg["data"]["split"], data_fingerprint=st["fingerprint"],
+        n_train=st["n_train"], global_batch=st["global_batch"], step=st["step"], total_steps=st["total_steps"],
+        last_loss=st["last_loss"])
+
+
+def _absolute(path: str | None) -> str | None:
+    return str(Path(path).expanduser().resolve()) if path else None
+
+
 def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, scaler, trainer_state: dict,
-                    config_yaml: str, preprocess: tuple[int, int], env, keep_last: int, barrier,
+                    config_yaml: str, env, keep_last: int, barrier,
                     sample_index: np.ndarray | None = None) -> Path:
     """Collective: every rank calls it (each writes its own RNG state); rank 0 writes the rest."""
     out = Path(out)
@@ -214,10 +233,7 @@ def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, 
                         sample_index)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "optimizer.pt")
-        from medclr.inference import write_preprocess
-
-        # the eval-time geometry: shorter side -> resize, centre crop of the training crop size
-        write_preprocess(tmp, image_size=preprocess[0], resize=preprocess[1])
+        write_metadata(tmp, checkpoint_meta(trainer_state, loss))
         (tmp / "train_config.yaml").write_text(config_yaml)
         (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True, default=str))
         _fsync_tree(tmp)

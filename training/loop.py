@@ -422,9 +422,8 @@ class Run:
         cfg, env, out = self.cfg, self.env, self.plan.out
         ckpt_mod.save_checkpoint(out=out, step=self.step, model=self.model, loss=self.loss, optimizer=self.optimizer,
                                  scheduler=self.scheduler, scaler=self.scaler, trainer_state=self.trainer_state(),
-                                 config_yaml=dump_yaml(cfg),
-                                 preprocess=(int(cfg["data"]["crop"]), int(cfg["data"]["resize"])), env=env,
-                                 keep_last=int(cfg["ckpt"]["keep_last"]), barrier=lambda: barrier(env),
+                                 config_yaml=dump_yaml(cfg), env=env, keep_last=int(cfg["ckpt"]["keep_last"]),
+                                 barrier=lambda: barrier(env),
                                  sample_index=self.plan.table.manifest_index)
         if env.is_main:
             print(f"checkpoint {ckpt_mod.step_dir(out, self.step)}", flush=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import torch
 
 from medclr.errors import MedclrError
 from medclr.inference.checkpoint import DEFAULT_TAU, weights_sha256
+from medclr.inference.metadata import CheckpointMeta
 from medclr.inference.preprocess import CropGeometry, Preprocess, image_loader, preprocess_image
 from medclr.inference.stats import SentenceStats
 from medclr.io import MAX_PIXELS, read_image
@@ -65,7 +66,7 @@ class Inference:
     """A checkpoint ready for inference (eval mode, no grad). Build with :func:`load_checkpoint`."""
 
     def __init__(self, model: DualEncoder, pre: Preprocess = Preprocess(), tau: float = DEFAULT_TAU,
-                 checkpoint_dir: str | os.PathLike | None = None, info: Mapping[str, Any] | None = None,
+                 checkpoint_dir: str | os.PathLike | None = None, meta: CheckpointMeta | None = None,
                  device: str | torch.device = "cpu") -> None:
         if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
             raise MedclrError(f"tau: expected a positive number, got {tau!r}")
@@ -73,7 +74,7 @@ class Inference:
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.preprocess, self.tau = pre, float(tau)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        self.info = dict(info or {})
+        self.meta = meta  # what the checkpoint records (checkpoint_meta.json); None when not loaded from one
         self._prompt_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._sha: str | None = None
         self._stats: Any = None
@@ -211,5 +212,6 @@ class Inference:
     @property
     def stats(self) -> SentenceStats:
         if self._stats is None:
-            self._stats = SentenceStats.from_checkpoint(self.checkpoint_dir, self.info)
+            eta_table = self.meta.eta_table if self.meta is not None else None
+            self._stats = SentenceStats.from_checkpoint(self.checkpoint_dir, eta_table)
         return self._stats

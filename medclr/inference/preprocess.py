@@ -6,7 +6,7 @@ preprocess files in DataLoader workers (:func:`image_loader`) without needing a 
 * Image preprocessing matches training's deterministic view (and BioViL's inference transform in hi-ml-multimodal):
   ``medclr.io.read_image`` (float32 H x W in [0, 1], air dark) -> shorter side resized to R (area
   averaging when shrinking) -> centre crop C -> ``1 x C x C``. C (``image_size``) and R (``resize``,
-  default C) come from the checkpoint (see :func:`medclr.inference.checkpoint.read_checkpoint_info`);
+  default C) come from the checkpoint (see :func:`medclr.inference.metadata.read_metadata`);
   default 224. Sizes, crop origin and the :class:`~medclr.geometry.CropGeometry` returned with the
   tensor (which carries heatmaps back to the original image, NaN outside the crop) all come from
   :mod:`medclr.geometry`, the rule training uses.

@@ -1,7 +1,7 @@
 """Sentence statistics from a checkpoint's training: eta_LM per sentence and NUCLR's learned popularity zeta.
 
 Optional extras for the app's inspector, kept apart from the engine: eta_LM comes from the eta table
-recorded in the checkpoint's training config, zeta from ``loss_state.safetensors`` (per training
+recorded in the checkpoint's metadata (``eta_table``), zeta from ``loss_state.safetensors`` (per training
 row, mapped to the manifest ``index`` by the table saved beside it). A missing or unreadable file
 means "not shown", never a failed load.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -48,10 +47,11 @@ class SentenceStats:
         return out or None
 
     @classmethod
-    def from_checkpoint(cls, directory: Path | None, info: Mapping[str, Any]) -> SentenceStats:
+    def from_checkpoint(cls, directory: Path | None, eta_table: str | None) -> SentenceStats:
+        """eta from ``eta_table`` (the checkpoint's recorded one), zeta from the directory's loss state."""
         eta: dict[str, float] = {}
         zeta: dict[str, dict[int, float]] = {}
-        path = info.get("eta_table")
+        path = eta_table
         if path and Path(path).is_file():
             try:
                 eta = _read_eta_table(Path(path))

@@ -1,0 +1,198 @@
+"""checkpoint_meta.json: the versioned record training writes and every reader reads, and the migration
+of checkpoints made before it (side files under their old key spellings)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from medclr.errors import MedclrError
+from medclr.inference import CheckpointMeta, read_metadata, write_metadata
+
+FULL = CheckpointMeta(image_size=480, resize=512, tau=0.07, loss="dcl_lm", eta_source="lm",
+                      eta_table="/data/eta.parquet", manifest="/data/manifest.parquet", split="train",
+                      data_fingerprint="abc123", n_train=2660, global_batch=64, step=200, total_steps=200,
+                      last_loss=3.989)
+
+
+def _write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data) if path.suffix == ".yaml" else json.dumps(data))
+
+
+def _nested(dotted: str, value) -> dict:
+    out: dict = {}
+    node = out
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return out
+
+
+def test_write_then_read_gives_the_same_record(tmp_path):
+    path = write_metadata(tmp_path, FULL)
+    raw = json.loads(path.read_text())
+    assert path.name == "checkpoint_meta.json" and raw["format_version"] == 1 and "source" not in raw
+    assert raw["image_size"] == 480 and raw["last_loss"] == 3.989
+    meta = read_metadata(tmp_path)
+    assert meta == FULL
+    assert set(meta.source.values()) == {"checkpoint_meta.json"} and len(meta.source) == 14
+    write_metadata(tmp_path, CheckpointMeta(image_size=64))  # replaced whole: unknown facts become null
+    again = read_metadata(tmp_path)
+    assert again == CheckpointMeta(image_size=64) and again.tau is None and set(again.source) == {"image_size"}
+    assert not list(tmp_path.glob(".*.tmp*"))  # the atomic write left no temporary behind
+
+
+# Every spelling a reader or writer used before the file existed: (side file, dotted key, field, value).
+OLD_SPELLINGS = [
+    ("preprocess.json", "image_size", "image_size", 96),  # training's own record until now
+    ("preprocess.json", "resize", "resize", 112),
+    ("config.json", "preprocess.image_size", "image_size", 96),
+    ("config.json", "image.image_size", "image_size", 96),
+    ("config.json", "preprocess.resize", "resize", 112),
+    ("config.json", "image.resize", "resize", 112),
+    ("train_config.yaml", "data.image_size", "image_size", 96),
+    ("train_config.yaml", "data.crop_size", "image_size", 96),
+    ("train_config.yaml", "model.image_size", "image_size", 96),
+    ("train_config.json", "training.data.image_size", "image_size", 96),
+    ("train_config.yaml", "data.crop", "image_size", 96),  # what training writes: evaluation's fallback
+    ("train_config.yaml", "data.resize", "resize", 112),
+    ("config.yaml", "training.data.resize", "resize", 112),
+    ("train_config.yaml", "loss.tau", "tau", 0.05),
+    ("config.json", "tau", "tau", 0.05),
+    ("train_config.json", "training.loss.tau", "tau", 0.05),
+    ("config.yaml", "inference.tau", "tau", 0.05),
+    ("train_config.yaml", "data.eta", "eta_table", "/x/eta.parquet"),
+    ("config.json", "eta_table", "eta_table", "/x/eta.parquet"),
+    ("train_config.yaml", "data.eta_table", "eta_table", "/x/eta.parquet"),
+    ("train_config.json", "training.data.eta", "eta_table", "/x/eta.parquet"),
+    ("config.yaml", "inference.eta_table", "eta_table", "/x/eta.parquet"),
+    ("train_config.yaml", "data.manifest", "manifest", "/x/manifest.parquet"),
+    ("trainer_state.json", "manifest", "manifest", "/x/manifest.parquet"),
+    ("train_config.json", "training.data.manifest", "manifest", "/x/manifest.parquet"),
+    ("trainer_state.json", "loss", "loss", "nuclr"),
+    ("trainer_state.json", "step", "step", 500),
+    ("trainer_state.json", "total_steps", "total_steps", 1000),
+    ("trainer_state.json", "global_batch", "global_batch", 64),
+    ("trainer_state.json", "n_train", "n_train", 2660),
+    ("trainer_state.json", "last_loss", "last_loss", 3.5),
+]
+
+
+@pytest.mark.parametrize("name, key, field, value", OLD_SPELLINGS, ids=[f"{n}:{k}" for n, k, _, _ in OLD_SPELLINGS])
+def test_each_old_spelling_migrates(tmp_path, name, key, field, value):
+    _write(tmp_path / name, _nested(key, value))
+    meta = read_metadata(tmp_path)
+    assert getattr(meta, field) == value and meta.source[field] == name
+    if field != "image_size":
+        assert meta.image_size == 224 and meta.source["image_size"] == "medclr.inference default"
+
+
+def test_old_checkpoint_as_training_wrote_it_migrates_whole(tmp_path):
+    """The three side files training wrote before checkpoint_meta.json (the demo checkpoint's layout)."""
+    cfg = {"data": {"manifest": "/x/manifest.parquet", "eta": "/x/eta.parquet", "split": "train", "resize": 144,
+                    "crop": 128}, "loss": {"name": "dcl_lm", "eta_source": "lm", "tau": 0.07}}
+    _write(tmp_path / "preprocess.json", {"image_size": 128, "resize": 144})
+    _write(tmp_path / "train_config.yaml", cfg)
+    _write(tmp_path / "trainer_state.json", {"step": 200, "total_steps": 200, "loss": "dcl_lm", "global_batch": 64,
+                                             "n_train": 2660, "last_loss": 3.989, "fingerprint": "f00d",
+                                             "manifest": "/x/manifest.parquet", "config": cfg})
+    meta = read_metadata(tmp_path)
+    assert meta == CheckpointMeta(image_size=128, resize=144, tau=0.07, loss="dcl_lm", eta_table="/x/eta.parquet",
+                                  manifest="/x/manifest.parquet", n_train=2660, global_batch=64, step=200,
+                                  total_steps=200, last_loss=3.989)
+    assert meta.source["image_size"] == "preprocess.json" and meta.source["manifest"] == "train_config.yaml"
+
+
+def test_old_spellings_keep_their_order(tmp_path):
+    # file order first (preprocess.json before the training files); data.crop only when nothing else says
+    _write(tmp_path / "train_config.yaml", {"data": {"crop": 96, "resize": 100}})
+    _write(tmp_path / "config.yaml", {"data": {"image_size": 64}})
+    meta = read_metadata(tmp_path)
+    assert (meta.image_size, meta.source["image_size"], meta.resize) == (64, "config.yaml", 100)
+    _write(tmp_path / "preprocess.json", {"image_size": 80, "resize": 90})
+    assert (read_metadata(tmp_path).image_size, read_metadata(tmp_path).resize) == (80, 90)
+    # a file written now wins over every side file
+    write_metadata(tmp_path, CheckpointMeta(image_size=48))
+    assert read_metadata(tmp_path) == CheckpointMeta(image_size=48)
+
+
+@pytest.mark.parametrize("key, stored, tau", [("loss.tau", 0.2, 0.2), ("log_tau", -2.0, math.exp(-2.0)),
+                                               ("loss.logit_scale", 3.0, math.exp(-3.0))])
+def test_old_tau_from_the_loss_state(tmp_path, key, stored, tau):
+    from safetensors.torch import save_file
+
+    save_file({key: torch.tensor([stored]), "loss.u_txt": torch.zeros(4)}, str(tmp_path / "loss_state.safetensors"))
+    meta = read_metadata(tmp_path)
+    assert meta.tau == pytest.approx(tau, rel=1e-6) and meta.source["tau"] == "loss_state.safetensors"
+    _write(tmp_path / "train_config.yaml", {"loss": {"tau": 0.5}})  # the config's value comes first
+    assert read_metadata(tmp_path).tau == 0.5
+
+
+def test_relative_paths_resolve_against_the_checkpoint(tmp_path):
+    _write(tmp_path / "train_config.yaml", {"data": {"eta": "eta.parquet"}})
+    assert read_metadata(tmp_path).eta_table == str(tmp_path / "eta.parquet")
+    write_metadata(tmp_path, CheckpointMeta(image_size=64, manifest="../m.parquet"))
+    assert read_metadata(tmp_path).manifest == str(tmp_path / "../m.parquet")
+
+
+def test_an_unreadable_old_side_file_is_skipped(tmp_path):
+    (tmp_path / "train_config.yaml").write_text("data: [unclosed")
+    _write(tmp_path / "preprocess.json", {"image_size": 64})
+    assert read_metadata(tmp_path).image_size == 64
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"format_version": 2, "image_size": 64}, r"format_version 2 is newer than this medclr reads \(1\)"),
+    ({"format_version": "1", "image_size": 64}, r"format_version '1', expected an integer from 1 to 1"),
+    ({"image_size": 64}, r"format_version None, expected an integer"),
+    ({"format_version": 1, "resize": 64}, r"required field 'image_size' is missing"),
+    ({"format_version": 1, "image_size": None}, r"required field 'image_size' is missing"),
+    ({"format_version": 1, "image_size": "224"}, r"field 'image_size' is '224', expected int"),
+    ({"format_version": 1, "image_size": 64, "tau": True}, r"field 'tau' is True, expected float"),
+    ({"format_version": 1, "image_size": 64, "crop": 64}, r"unknown field 'crop'"),
+    ([1, 2], r"expected a JSON object, got list"),
+])
+def test_bad_file_is_one_clear_line(tmp_path, content, message):
+    (tmp_path / "checkpoint_meta.json").write_text(json.dumps(content))
+    with pytest.raises(MedclrError, match=message) as err:
+        read_metadata(tmp_path)
+    assert str(err.value).startswith(str(tmp_path / "checkpoint_meta.json")) and "\n" not in str(err.value)
+
+
+def test_bad_old_side_value_names_its_file(tmp_path):
+    _write(tmp_path / "preprocess.json", {"image_size": "big"})
+    with pytest.raises(MedclrError, match=r"preprocess.json: field 'image_size' is 'big', expected int"):
+        read_metadata(tmp_path)
+
+
+def test_unparsable_file_and_bad_write(tmp_path):
+    (tmp_path / "checkpoint_meta.json").write_text("{not json")
+    with pytest.raises(MedclrError, match=r"checkpoint_meta.json: unreadable \(JSONDecodeError"):
+        read_metadata(tmp_path)
+    with pytest.raises(MedclrError, match="field 'step' is 1.5, expected int"):
+        write_metadata(tmp_path / "new", CheckpointMeta(image_size=64, step=1.5))
+    assert not (tmp_path / "new" / "checkpoint_meta.json").exists()
+
+
+@pytest.mark.parametrize("name, kwargs, tau", [("infonce", {"tau": 0.1}, 0.1), ("decl", {}, 0.07),
+                                                ("siglip", {}, None)])
+def test_training_records_the_tau_its_loss_used(name, kwargs, tau):
+    """What training writes: the loss's own tau (its default when the config sets none), crop and resize."""
+    from medclr.losses import build_loss
+    from medclr.training.checkpoint import checkpoint_meta
+
+    loss = build_loss(name, **kwargs, **({"num_samples": 8} if name == "decl" else {}))
+    cfg = {"data": {"crop": 32, "resize": 36, "eta": None, "manifest": "m.parquet", "split": "train"},
+           "loss": {"name": name, "eta_source": "none"}}
+    state = {"config": cfg, "fingerprint": "f", "n_train": 8, "global_batch": 4, "step": 2, "total_steps": 4,
+             "last_loss": 1.25}
+    meta = checkpoint_meta(state, loss)
+    assert meta.tau == tau and (meta.image_size, meta.resize, meta.loss, meta.step) == (32, 36, name, 2)
+    assert meta.manifest == str(Path("m.parquet").resolve()) and meta.eta_table is None
