@@ -71,7 +71,7 @@ def preprocess_decoded(image: DecodedImage, pre: Preprocess) -> tuple[torch.Tens
     if image.scale == 1:
         resized = resize_shorter_side(torch.from_numpy(np.ascontiguousarray(image.pixels))[None], r)
     else:
-        resized = image.resample(*resized_shape(image.height, image.width, r))
+        resized = torch.from_numpy(image.resample(*resized_shape(image.height, image.width, r)))[None]
     return (centre_crop(resized, c).clamp_(0.0, 1.0).contiguous(),
             CropGeometry.from_resize_crop((image.height, image.width), r, c))
 
