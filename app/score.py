@@ -17,6 +17,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 EPILOG = """examples:
   medclr score --checkpoint run/checkpoint --input /archive/cxr --out results.parquet
   medclr score --checkpoint C --input DIR --out results.parquet --embeddings --workers 6 --device cuda
+  medclr score --checkpoint C --input DIR --out results.parquet --full-decode   # the app's exact inputs
   torchrun --nproc_per_node 4 -m medclr score --checkpoint C --input DIR --out results.parquet --device cuda
 
 Writes results.parquet (path, height, width, one probability column per CheX5 class[, embedding])
@@ -26,8 +27,19 @@ only the files not yet scored, or changed (size or mtime) since they were scored
 exactly once; a changed file's row is replaced."""
 
 
-def _default_workers() -> int:
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
+def available_cores() -> int:
+    """CPUs this process may run on: its affinity mask (a container's or taskset's cpuset), not the machine's
+    count that ``os.cpu_count()`` reports."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 2
+
+
+def default_workers(device: str) -> int:
+    """Decoding processes: all cores but the main process's one, at most 8 on the CPU (where the model needs
+    cores too) and 32 on a GPU (where decoding is the whole CPU load; each worker keeps 4 batches in flight)."""
+    return max(1, min(32 if device.startswith("cuda") else 8, available_cores() - 1))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -38,13 +50,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="PARQUET", help="results table to write")
     parser.add_argument("--embeddings", action="store_true", help="also store each image's global embedding")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=_default_workers(),
-                        help="DataLoader processes decoding images (default: cores-1, at most 8)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="DataLoader processes decoding images (default: cores-1, at most 8 on the CPU and 32 "
+                             "with --device cuda)")
     parser.add_argument("--part-files", type=int, default=256,
                         help="files per saved part (the most work a crash can cost; default 256)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda (under torchrun: cuda:LOCAL_RANK)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads for the model (default: torch's)")
     parser.add_argument("--max-pixels", type=int, default=50_000_000, help="larger images are recorded as errors")
+    parser.add_argument("--full-decode", action="store_true",
+                        help="decode every pixel and score float32 inputs, as the app does (default: JPEG and "
+                             "JPEG 2000 decode at a reduced size, 8-bit images travel as uint8; docs/scoring.md)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
@@ -53,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("batch_size", "part_files"):
         if getattr(args, flag) < 1:
             raise MedclrError(f"--{flag.replace('_', '-')}: expected >= 1")
-    if args.workers < 0:
+    if args.workers is not None and args.workers < 0:
         raise MedclrError("--workers: expected >= 0")
     if not str(args.out).endswith(".parquet"):
         raise MedclrError(f"--out {args.out!r}: expected a path ending in .parquet")
@@ -68,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
     rank, _, local_rank = env_world()
     device = f"cuda:{local_rank}" if args.device == "cuda" else args.device  # one GPU per torchrun process
     engine = load_checkpoint(args.checkpoint, device=device)
-    opts = ScoreOptions(batch_size=args.batch_size, workers=args.workers, embeddings=args.embeddings,
-                        part_files=args.part_files, max_pixels=args.max_pixels, progress=not args.no_progress)
+    workers = default_workers(device) if args.workers is None else args.workers
+    opts = ScoreOptions(batch_size=args.batch_size, workers=workers, embeddings=args.embeddings,
+                        part_files=args.part_files, max_pixels=args.max_pixels, progress=not args.no_progress,
+                        full_decode=args.full_decode)
     try:
         stats = score_tree(engine, Path(args.input), Path(args.out), opts)
     finally:

@@ -119,19 +119,28 @@ class ScoreOptions:
     part_files: int = 256  # files per part: the most work a crash can cost
     max_pixels: int = 50_000_000
     progress: bool = True
+    # decode every pixel and pass float32: the app's exact input. Off: JPEG and JPEG 2000 decode at a reduced
+    # size and 8-bit sources travel as uint8 (docs/scoring.md, "Throughput")
+    full_decode: bool = False
+
+    @property
+    def decode(self) -> str:
+        return "full" if self.full_decode else "reduced"
 
 
 def _check_run(parts: Path, run: dict[str, Any]) -> None:
     path = parts / RUN_NAME
     if path.is_file():
         before = json.loads(path.read_text())
-        for key in ("weights_sha256", "preprocess", "embeddings", "classes", "tau", "root"):
+        before.setdefault("decode", "full")  # runs recorded before the reduced decode decoded in full
+        for key in ("weights_sha256", "preprocess", "embeddings", "classes", "tau", "root", "decode"):
             if key == "root" and key not in before:
                 continue  # runs recorded before the archive root was checked
             if before.get(key) != run.get(key):
                 raise MedclrError(
                     f"{parts} holds a run with a different {key} ({before.get(key)!r} vs {run.get(key)!r}); "
-                    "use another --out, or delete that folder to start over")
+                    + ("resume it with --full-decode, or " if key == "decode" and before[key] == "full" else "")
+                    + "use another --out, or delete that folder to start over")
     else:
         write_text(path, json.dumps(run, indent=2, sort_keys=True))
 
@@ -151,7 +160,8 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     classes = list(engine.prompt_embeddings())
     run = {"weights_sha256": engine.weights_sha256, "checkpoint": str(engine.checkpoint_dir),
            "preprocess": {"image_size": engine.preprocess.image_size, "resize": engine.preprocess.resize_to},
-           "embeddings": bool(opts.embeddings), "classes": classes, "tau": engine.tau, "root": str(root.resolve())}
+           "embeddings": bool(opts.embeddings), "classes": classes, "tau": engine.tau, "root": str(root.resolve()),
+           "decode": opts.decode}
     if rank == 0:
         _check_run(parts, run)
     group = _init_group(world)
@@ -188,10 +198,12 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
 
 def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[int, int]], this_run: int,
                  parts: Path, rank: int, seq: int, classes: list[str], opts: ScoreOptions) -> dict[str, int]:
-    from medclr.inference import image_loader
+    from medclr.inference.preprocess import image_loader, model_input
 
+    fast = not opts.full_decode
     loader = image_loader([root / f for f in todo], engine.preprocess, opts.batch_size, opts.workers,
-                          max_pixels=opts.max_pixels)
+                          max_pixels=opts.max_pixels, reduced=fast, uint8=fast,
+                          pin_memory=engine.device.type == "cuda")
     bar = None
     if opts.progress:
         from tqdm import tqdm
@@ -213,7 +225,8 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
         ok = batch["ok"]
         probs = emb = None
         if ok.any():
-            feats = engine.image_features(batch["tensor"][ok])
+            images = batch["tensor"] if ok.all() else batch["tensor"][ok]  # indexing would unpin the batch
+            feats = engine.image_features(model_input(images, engine.device))
             _, probs, _, _ = engine.zero_shot_scores(feats)
             emb = feats.global_emb.float().cpu().numpy() if opts.embeddings else None
         k = 0

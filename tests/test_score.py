@@ -229,6 +229,45 @@ def test_parts_without_fingerprints_still_count_as_done(engine, tmp_path):  # no
     assert list(res["path"]) == [f"{i}.png" for i in range(4)] and res["size"].isna().sum() == 3
 
 
+def test_reduced_decode_scores_near_the_app_and_full_decode_equals_it(engine, tmp_path):  # noqa: F811
+    """By default JPEG 2000 and JPEG decode at a reduced size and 8-bit images travel as uint8: scores within
+    1e-3 of the app engine's on RG1 (tolerance of the inputs: tests/test_reduced_decode.py); the 15-bit
+    uncompressed CR is scored on the app's exact input. --full-decode scores exactly as the app. The mode is
+    part of the run: resuming with the other one, or a run recorded before modes existed (a full decode)
+    without --full-decode, is refused with one line."""
+    import json
+
+    from medclr.app import scoring
+    from medclr.errors import MedclrError
+    from medclr.io import read_image
+
+    root = tmp_path / "a"
+    root.mkdir()
+    shutil.copy(rg1_path("RG1_J2KR.dcm"), root / "j2k.dcm")
+    shutil.copy(rg1_path("RG1_UNCR.dcm"), root / "uncr.dcm")
+    Image.fromarray(np.round(read_image(root / "uncr.dcm") * 255).astype(np.uint8)).save(root / "rg1.jpg", quality=95)
+    app = {f: engine.zero_shot(root / f) for f in ("j2k.dcm", "uncr.dcm", "rg1.jpg")}
+    for full_decode, tolerance in ((False, 1e-3), (True, 1e-5)):
+        out = tmp_path / f"{full_decode}.parquet"
+        opts = scoring.ScoreOptions(batch_size=3, workers=0, progress=False, full_decode=full_decode)
+        assert scoring.score_tree(engine, root, out, opts)["scored"] == 3
+        res = pd.read_parquet(out).set_index("path")
+        for f, probs in app.items():
+            exact = 1e-5 if f == "uncr.dcm" else tolerance
+            assert max(abs(res.loc[f, c] - probs[c]) for c in CLASSES) <= exact, (f, full_decode)
+        assert json.loads(pq.read_schema(out).metadata[b"medclr"])["decode"] == opts.decode
+        other = scoring.ScoreOptions(batch_size=3, workers=0, progress=False, full_decode=not full_decode)
+        with pytest.raises(MedclrError, match="different decode"):
+            scoring.score_tree(engine, root, out, other)
+    legacy = scoring.parts_dir(tmp_path / "True.parquet") / scoring.RUN_NAME
+    legacy.write_text(json.dumps({k: v for k, v in json.loads(legacy.read_text()).items() if k != "decode"}))
+    with pytest.raises(MedclrError, match="resume it with --full-decode"):
+        scoring.score_tree(engine, root, tmp_path / "True.parquet", scoring.ScoreOptions(workers=0, progress=False))
+    stats = scoring.score_tree(engine, root, tmp_path / "True.parquet",
+                               scoring.ScoreOptions(workers=0, progress=False, full_decode=True))
+    assert stats["skipped_done"] == 3
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes(app_assets, archive, tmp_path):  # noqa: F811
     out = tmp_path / "tr.parquet"

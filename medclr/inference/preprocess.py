@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from medclr.errors import MedclrError
-from medclr.geometry import CropGeometry, centre_crop, resize_shorter_side
-from medclr.io import MAX_PIXELS, read_image_with_caution
+from medclr.geometry import CropGeometry, centre_crop, resize_shorter_side, resized_shape
+from medclr.io import MAX_PIXELS, DecodedImage, read_image_reduced, read_image_with_caution
 from medclr.io.limits import MIN_SIDE, image_problem  # noqa: F401 - MIN_SIDE re-exported
 
 DEFAULT_IMAGE_SIZE = 224
@@ -56,42 +56,74 @@ def preprocess_image(image: np.ndarray, pre: Preprocess = Preprocess()) -> tuple
     arr = np.asarray(image, dtype=np.float32)
     if arr.ndim != 2 or min(arr.shape) < 1:
         raise MedclrError(f"image: expected a 2-D grey array, got shape {arr.shape}")
-    problem = image_problem(arr)
+    return preprocess_decoded(DecodedImage.full(arr), pre)
+
+
+def preprocess_decoded(image: DecodedImage, pre: Preprocess) -> tuple[torch.Tensor, CropGeometry]:
+    """:func:`preprocess_image` of a :class:`~medclr.io.DecodedImage`. One decoded at a reduced size
+    (``medclr.io.read_image_reduced``) is carried onto the same resized grid by box averaging over its
+    pixels' footprints (``DecodedImage.resample``) instead of area-resizing the full image: the crop and its
+    geometry are the original image's; the values agree with the full decode's within the tolerance that
+    ``tests/test_reduced_decode.py`` measures."""
+    problem = image_problem(image.pixels, (image.height, image.width))
     if problem:
         raise MedclrError(f"image: {problem}; nothing was scored")
     r, c = pre.resize_to, int(pre.image_size)
-    t = centre_crop(resize_shorter_side(torch.from_numpy(np.ascontiguousarray(arr))[None], r), c)
-    return t.clamp_(0.0, 1.0).contiguous(), CropGeometry.from_resize_crop(arr.shape, r, c)
+    if image.scale == 1:
+        resized = resize_shorter_side(torch.from_numpy(np.ascontiguousarray(image.pixels))[None], r)
+    else:
+        resized = torch.from_numpy(image.resample(*resized_shape(image.height, image.width, r)))[None]
+    return (centre_crop(resized, c).clamp_(0.0, 1.0).contiguous(),
+            CropGeometry.from_resize_crop((image.height, image.width), r, c))
 
 
 class ImageFiles(torch.utils.data.Dataset):
     """Decode + preprocess files (in DataLoader workers). Items never raise: a bad file gives
-    ``ok=False`` and its one-line error, so a batch job records it and goes on."""
+    ``ok=False`` and its one-line error, so a batch job records it and goes on.
 
-    def __init__(self, paths: Sequence[str | os.PathLike], pre: Preprocess, max_pixels: int = MAX_PIXELS) -> None:
+    ``reduced``: decode at a reduced size where the format allows (``medclr.io.read_image_reduced``;
+    :func:`preprocess_decoded`). ``uint8``: an image whose source holds 8-bit samples travels as uint8
+    (``round(255 x)``, as training's uint8 cache stores it), a quarter of the bytes to the device;
+    :func:`model_input` turns a batch back into float."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike], pre: Preprocess, max_pixels: int = MAX_PIXELS,
+                 reduced: bool = False, uint8: bool = False) -> None:
         self.paths, self.pre, self.max_pixels = [str(p) for p in paths], pre, max_pixels
+        self.reduced, self.uint8 = reduced, uint8
 
     def __len__(self) -> int:
         return len(self.paths)
 
+    def _decode(self, path: str) -> tuple[DecodedImage, str]:
+        # a DICOM header that says "maybe not a chest radiograph" (OT, another body part) travels with the scores
+        if self.reduced:
+            return read_image_reduced(path, self.pre.resize_to, max_pixels=self.max_pixels)
+        arr, caution = read_image_with_caution(path, max_pixels=self.max_pixels)
+        return DecodedImage.full(arr), caution
+
     def __getitem__(self, i: int) -> dict[str, Any]:
         c = int(self.pre.image_size)
         try:
-            # a DICOM header that says "maybe not a chest radiograph" (OT, another body part) travels with the scores
-            arr, caution = read_image_with_caution(self.paths[i], max_pixels=self.max_pixels)
-            tensor, geo = preprocess_image(arr, self.pre)
+            image, caution = self._decode(self.paths[i])
+            tensor, geo = preprocess_decoded(image, self.pre)
+            if self.uint8 and image.bits <= 8:
+                tensor = tensor.mul_(255.0).round_().to(torch.uint8)
             return {"i": i, "tensor": tensor, "ok": True, "error": "", "height": geo.height, "width": geo.width,
                     "caution": caution}
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded error row
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return {"i": i, "tensor": torch.zeros(1, c, c), "ok": False, "error": msg, "height": 0, "width": 0,
-                    "caution": ""}
+            return {"i": i, "tensor": torch.zeros(1, c, c, dtype=torch.uint8 if self.uint8 else torch.float32),
+                    "ok": False, "error": msg, "height": 0, "width": 0, "caution": ""}
 
 
 def collate_images(batch: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack the items; the tensor stays uint8 only when every item is (else uint8 items become x / 255)."""
+    tensors = [b["tensor"] for b in batch]
+    if any(t.dtype != torch.uint8 for t in tensors):
+        tensors = [t.float().div_(255.0) if t.dtype == torch.uint8 else t for t in tensors]
     return {
         "i": torch.tensor([b["i"] for b in batch], dtype=torch.long),
-        "tensor": torch.stack([b["tensor"] for b in batch]),
+        "tensor": torch.stack(tensors),
         "ok": torch.tensor([b["ok"] for b in batch], dtype=torch.bool),
         "error": [b["error"] for b in batch],
         "height": [b["height"] for b in batch],
@@ -100,16 +132,26 @@ def collate_images(batch: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def model_input(batch: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A collated batch on ``device`` as float in [0, 1]: a uint8 batch crosses as uint8 (non-blocking from
+    pinned memory) and becomes ``x / 255`` there."""
+    x = batch.to(device, non_blocking=True)
+    return x.float().div_(255.0) if x.dtype == torch.uint8 else x
+
+
 def worker_init(_worker_id: int) -> None:
     """DataLoader workers decode with one thread each; the model keeps the cores."""
     torch.set_num_threads(1)
 
 
 def image_loader(paths: Sequence[str | os.PathLike], pre: Preprocess, batch_size: int = 16, num_workers: int = 0,
-                 max_pixels: int = MAX_PIXELS, prefetch_factor: int = 4) -> torch.utils.data.DataLoader:
-    """An ordered DataLoader over :class:`ImageFiles` (workers decode while the model runs)."""
+                 max_pixels: int = MAX_PIXELS, prefetch_factor: int = 4, reduced: bool = False, uint8: bool = False,
+                 pin_memory: bool = False) -> torch.utils.data.DataLoader:
+    """An ordered DataLoader over :class:`ImageFiles` (workers decode while the model runs); ``pin_memory``
+    for a CUDA model (batches then cross without a staging copy, and asynchronously)."""
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"worker_init_fn": worker_init, "prefetch_factor": prefetch_factor, "persistent_workers": False}
-    return torch.utils.data.DataLoader(ImageFiles(paths, pre, max_pixels), batch_size=batch_size, shuffle=False,
-                                       num_workers=num_workers, collate_fn=collate_images, **kw)
+    return torch.utils.data.DataLoader(ImageFiles(paths, pre, max_pixels, reduced, uint8), batch_size=batch_size,
+                                       shuffle=False, num_workers=num_workers, collate_fn=collate_images,
+                                       pin_memory=pin_memory, **kw)

@@ -12,15 +12,17 @@ from pathlib import Path
 import numpy as np
 
 from medclr.errors import ImageReadError
-from medclr.io.dicom import is_dicom, read_dicom_header, read_dicom_with_caution
+from medclr.io.dicom import is_dicom, read_dicom_header, read_dicom_reduced, read_dicom_with_caution
 from medclr.io.limits import MAX_PIXELS
-from medclr.io.raster import read_raster, read_raster_size
+from medclr.io.raster import read_raster, read_raster_reduced, read_raster_size
+from medclr.io.reduced import DecodedImage
 
 DICOM_SUFFIXES = {".dcm", ".dicom", ".dic"}
 RASTER_SUFFIXES = {".png", ".jpg", ".jpeg"}
 IMAGE_SUFFIXES = DICOM_SUFFIXES | RASTER_SUFFIXES
 
-__all__ = ["read_image", "read_header", "ImageReadError", "IMAGE_SUFFIXES", "MAX_PIXELS"]
+__all__ = ["read_image", "read_image_reduced", "read_header", "DecodedImage", "ImageReadError", "IMAGE_SUFFIXES",
+           "MAX_PIXELS"]
 
 
 def _is_dicom_path(path: Path) -> bool:
@@ -43,6 +45,20 @@ def read_image_with_caution(path: str | Path, max_pixels: int = MAX_PIXELS) -> t
     if not path.is_file():
         raise ImageReadError(f"{path}: file not found")
     return read_dicom_with_caution(path, max_pixels) if _is_dicom_path(path) else (read_raster(path, max_pixels), "")
+
+
+def read_image_reduced(path: str | Path, min_side: int | None,
+                       max_pixels: int = MAX_PIXELS) -> tuple[DecodedImage, str]:
+    """``read_image_with_caution`` decoded at 1/2, 1/4 or 1/8 of the size where the format allows it (JPEG
+    files and JPEG DICOM: DCT scaling; JPEG 2000 DICOM: resolution levels) with ``min_side`` pixels or more
+    left on the shorter side, else at full size: a :class:`DecodedImage` that knows the original size and
+    where its pixels lie (``medclr.io.reduced``). The batch scorer's read: the model needs no more."""
+    path = Path(path)
+    if not path.is_file():
+        raise ImageReadError(f"{path}: file not found")
+    if _is_dicom_path(path):
+        return read_dicom_reduced(path, min_side, max_pixels)
+    return read_raster_reduced(path, min_side, max_pixels), ""
 
 
 def read_header(path: str | Path) -> dict:

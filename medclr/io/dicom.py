@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import re
 import warnings
+from io import BytesIO
 from pathlib import Path
 
 import numpy as np
 import pydicom
 from pydicom import uid
+from pydicom.encaps import get_frame
 from pydicom.errors import InvalidDicomError
 from pydicom.pixels import apply_modality_lut, apply_voi_lut, get_decoder, pixel_array
-from skimage.color import rgb2gray
 
 from medclr.errors import ImageReadError
 from medclr.io import jpeg12
 from medclr.io.limits import MAX_PIXELS, check_size
+from medclr.io.raster import luminance
+from medclr.io.reduced import DecodedImage, draft_jpeg, j2k_origin, j2k_reduced
 
 # Header fields the product may show; patient identifiers are never read out.
 _HEADER_TAGS = (
@@ -242,10 +245,8 @@ NOT_RADIOGRAPHS = {"US": "ultrasound", "MR": "MRI", "CT": "CT", "NM": "nuclear m
                    "XA": "angiography", "ECG": "ECG", "SR": "a structured report", "SEG": "a segmentation"}
 
 
-def read_dicom_with_caution(path: str | Path, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, str]:
-    """A DICOM radiograph as float32 H x W in [0, 1] (air dark, bone bright) and the header's :func:`caution`,
-    from one read of the file."""
-    path = Path(path)
+def _checked(path: Path, max_pixels: int) -> tuple[pydicom.Dataset, str]:
+    """The dataset and its :func:`caution`, once the file is known to hold a radiograph's pixels of an accepted size."""
     ds = _open(path, stop_before_pixels=False)
     note = caution(str(ds.get("Modality", "") or ""), str(ds.get("BodyPartExamined", "") or ""),
                    str(ds.get("PhotometricInterpretation", "") or ""))
@@ -255,23 +256,101 @@ def read_dicom_with_caution(path: str | Path, max_pixels: int = MAX_PIXELS) -> t
     if "PixelData" not in ds and "FloatPixelData" not in ds:
         raise ImageReadError(f"{path}: DICOM file has no pixel data")
     check_size(path, int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0), max_pixels)
-    arr = decode_pixels(path, ds)
-    photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper()
+    return ds, note
+
+
+def read_dicom_with_caution(path: str | Path, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, str]:
+    """A DICOM radiograph as float32 H x W in [0, 1] (air dark, bone bright) and the header's :func:`caution`,
+    from one read of the file."""
+    path = Path(path)
+    ds, note = _checked(path, max_pixels)
+    return display(decode_pixels(path, ds), ds), note
+
+
+def read_dicom_reduced(path: str | Path, min_side: int | None,
+                       max_pixels: int = MAX_PIXELS) -> tuple[DecodedImage, str]:
+    """:func:`read_dicom_with_caution` decoded at a reduced size where the transfer syntax allows (JPEG 2000,
+    8-bit greyscale JPEG: ``medclr.io.reduced``) with at least ``min_side`` pixels on the shorter side;
+    the same checks, caution and display pipeline, applied to the reduced stored values."""
+    path = Path(path)
+    ds, note = _checked(path, max_pixels)
+    bits = int(ds.get("BitsStored", 16) or 16)
+    try:
+        reduced = _decode_reduced(path, ds, min_side)
+    except Exception:  # noqa: BLE001 - a stream the reduced decoder refuses is decoded whole, as before
+        reduced = None
+    if reduced is None:
+        return DecodedImage.full(display(decode_pixels(path, ds), ds), bits), note
+    arr, scale, origin = reduced
+    return DecodedImage(display(arr, ds), int(ds.Rows), int(ds.Columns), scale, origin, bits), note
+
+
+def _decode_reduced(path: Path, ds: pydicom.Dataset, min_side: int | None) -> tuple[np.ndarray, int, float] | None:
+    """(stored values, scale, footprint origin) of the first frame of a greyscale unsigned JPEG 2000 or 8-bit
+    JPEG file at a reduced scale; None when this file decodes at full size."""
+    tsyntax = str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", ""))
+    bits, allocated = int(ds.get("BitsStored", 0) or 0), int(ds.get("BitsAllocated", 0) or 0)
+    jpeg = tsyntax in (uid.JPEGBaseline8Bit, uid.JPEGExtended12Bit) and bits == 8
+    if (not (jpeg or tsyntax in (uid.JPEG2000Lossless, uid.JPEG2000)) or "PixelData" not in ds
+            or int(ds.get("SamplesPerPixel", 1) or 1) != 1 or int(ds.get("PixelRepresentation", 0) or 0) != 0
+            or allocated not in (8, 16)):
+        return None
+    rows, columns, dtype = int(ds.Rows), int(ds.Columns), np.dtype(f"u{allocated // 8}")
+    if _voi_range(ds, _modality(np.zeros(1, dtype), ds)) is None:
+        return None  # min-max scaled: the range is the full image's, which a reduced decode does not see
+    frame = get_frame(ds.PixelData, 0, number_of_frames=_frames(path, ds))
+    if not jpeg:
+        reduced = j2k_reduced(frame, rows, columns, bits, dtype, min_side)
+        return None if reduced is None else (reduced[0], reduced[1], j2k_origin(reduced[1]))
+    from PIL import Image
+
+    with Image.open(BytesIO(frame), formats=["JPEG"]) as img:
+        if (img.width, img.height) != (columns, rows) or img.mode != "L":
+            return None
+        scale = draft_jpeg(img, min_side)
+        return None if scale == 1 else (np.asarray(img).astype(dtype, copy=False), scale, 0.0)
+
+
+def display(arr: np.ndarray, ds: pydicom.Dataset) -> np.ndarray:
+    """Stored values (``decode_pixels``) -> float32 in [0, 1], air dark: Modality LUT, VOI LUT or window (or
+    min-max), MONOCHROME1 / INVERSE inverted; colour becomes luminance.
+
+    Every step maps each stored value on its own, so for 8- and 16-bit integer data the pipeline runs once
+    over all 2^8 or 2^16 possible values and the image is a lookup in that table: the same numbers as
+    running it over the pixels, 4-5x faster on a 3.6 Mpx radiograph."""
     if int(ds.get("SamplesPerPixel", 1) or 1) > 1:
         # pydicom converts YBR to RGB by default; grey is the luminance.
         rgb = arr.astype(np.float64)
-        return rgb2gray(rgb / max(float(rgb.max()), 1.0)).astype(np.float32), note
+        return luminance(rgb / max(float(rgb.max()), 1.0)).astype(np.float32)
+    if arr.dtype.kind not in "ui" or arr.dtype.itemsize > 2:
+        return _display_values(arr, ds, None)
+    codes = arr.view(f"u{arr.dtype.itemsize}")
+    domain = np.arange(1 << (8 * arr.dtype.itemsize), dtype=codes.dtype).view(arr.dtype)
+    if ds.get("ModalityLUTSequence"):  # not monotonic: the values the image holds
+        present = np.bincount(codes.ravel(), minlength=domain.size).astype(bool)
+    else:  # rescale or none: monotonic, so the image's extremes map to the table's extremes
+        present = np.isin(domain, [arr.min(), arr.max()])
+    return np.take(_display_values(domain, ds, present), codes, mode="clip")
+
+
+def _modality(arr: np.ndarray, ds: pydicom.Dataset) -> np.ndarray:
     # VOI functions expect Modality-LUT output; without a rescale that is the stored array itself.
-    src = apply_modality_lut(arr, ds) if ("RescaleSlope" in ds or "ModalityLUTSequence" in ds) else arr
+    return apply_modality_lut(arr, ds) if ("RescaleSlope" in ds or "ModalityLUTSequence" in ds) else arr
+
+
+def _display_values(arr: np.ndarray, ds: pydicom.Dataset, present: np.ndarray | None) -> np.ndarray:
+    """The display pipeline on ``arr``; without a VOI the min-max range is taken over ``arr[present]``."""
+    src = _modality(arr, ds)
     values = src.astype(np.float64)
     voi = _voi_range(ds, src)
     if voi is not None:
         values = apply_voi_lut(src, ds).astype(np.float64)
         lo, hi = voi
     else:
-        lo, hi = float(values.min()), float(values.max())
+        seen = values if present is None else values[present]
+        lo, hi = float(seen.min()), float(seen.max())
     image = np.clip((values - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.zeros_like(values)
     inverse = str(ds.get("PresentationLUTShape", "")).upper() == "INVERSE"
-    if (photometric == "MONOCHROME1") != inverse:
+    if (str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper() == "MONOCHROME1") != inverse:
         image = 1.0 - image
-    return image.astype(np.float32), note
+    return image.astype(np.float32)

@@ -29,16 +29,19 @@ MIN_SIDE = 32
 MAX_ASPECT = 4.0
 
 
-def image_problem(arr: np.ndarray) -> str | None:
+def image_problem(arr: np.ndarray, shape: tuple[int, int] | None = None) -> str | None:
     """Why a decoded H x W image cannot be a radiograph (one line, no file name), or None: a side under
-    MIN_SIDE, a side MAX_ASPECT times the other or more, NaN or infinite pixels. Every path that reads images
-    checks it: the app, ``medclr inspect``, ``medclr score`` and evaluation (through ``medclr.inference.preprocess_image``)."""
-    if min(arr.shape) < MIN_SIDE:
-        return (f"{arr.shape[1]}x{arr.shape[0]} pixels is not a radiograph (each side must be at least "
+    MIN_SIDE, a side MAX_ASPECT times the other or more, NaN or infinite pixels. ``shape``: the original
+    (H, W) when ``arr`` was decoded at a reduced size (``medclr.io.reduced``). Every path that reads images
+    checks it: the app, ``medclr inspect``, ``medclr score`` and evaluation (through
+    ``medclr.inference.preprocess_image``)."""
+    height, width = arr.shape if shape is None else shape
+    if min(height, width) < MIN_SIDE:
+        return (f"{width}x{height} pixels is not a radiograph (each side must be at least "
                 f"{MIN_SIDE} px)")
-    if max(arr.shape) >= MAX_ASPECT * min(arr.shape):
-        return (f"{arr.shape[1]}x{arr.shape[0]} pixels is not a radiograph of the chest (one side is "
-                f"{max(arr.shape) / min(arr.shape):.1f} times the other; at most {MAX_ASPECT:g} is read)")
+    if max(height, width) >= MAX_ASPECT * min(height, width):
+        return (f"{width}x{height} pixels is not a radiograph of the chest (one side is "
+                f"{max(height, width) / min(height, width):.1f} times the other; at most {MAX_ASPECT:g} is read)")
     if not np.isfinite(arr).all():
         return "it holds NaN or infinite pixel values (a float image without a valid range?)"
     return None

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
-from skimage.color import rgb2gray
 
 from medclr.errors import ImageReadError
 from medclr.io.limits import MAX_PIXELS, check_size
+from medclr.io.reduced import DecodedImage, draft_jpeg
 
 
 def read_raster_size(path: str | Path) -> tuple[int, int]:
@@ -30,7 +30,18 @@ def read_raster_size(path: str | Path) -> tuple[int, int]:
         raise ImageReadError(f"{path}: not a readable PNG/JPEG image ({exc})") from None
 
 
+def luminance(rgb: np.ndarray) -> np.ndarray:
+    """Grey of a float H x W x 3 RGB array: Rec. 709 luma weights (skimage's ``rgb2gray``, in ``rgb``'s dtype)."""
+    return rgb @ np.array([0.2125, 0.7154, 0.0721], dtype=rgb.dtype)
+
+
 def read_raster(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    return read_raster_reduced(path, None, max_pixels).pixels
+
+
+def read_raster_reduced(path: str | Path, min_side: int | None, max_pixels: int = MAX_PIXELS) -> DecodedImage:
+    """A PNG/JPEG as float32 in [0, 1]; a JPEG decoded at a reduced scale (DCT scaling, ``medclr.io.reduced``)
+    when ``min_side`` pixels remain on the shorter side, anything else at full size."""
     path = Path(path)
     try:
         with warnings.catch_warnings():
@@ -38,25 +49,13 @@ def read_raster(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as img:
                 check_size(path, img.height, img.width, max_pixels)
+                height, width = img.height, img.width
+                scale = draft_jpeg(img, min_side)
                 img.load()
                 img = ImageOps.exif_transpose(img)
-                mode = img.mode
-                if mode in ("I;16", "I;16B", "I;16L", "I;16N"):
-                    arr = np.asarray(img, dtype=np.uint16).astype(np.float32) / 65535.0
-                elif mode == "I":
-                    raw = np.asarray(img).astype(np.float32)
-                    arr = raw / (65535.0 if raw.max() <= 65535 else float(raw.max()))
-                elif mode == "F":
-                    raw = np.asarray(img, dtype=np.float32)
-                    if not np.isfinite(raw).all():  # min/max would be NaN, and the image silently all zero
-                        raise ImageReadError(f"{path}: it holds NaN or infinite pixel values (a float image "
-                                             "without a valid range?)")
-                    lo, hi = float(raw.min()), float(raw.max())
-                    arr = (raw - lo) / (hi - lo) if hi > lo else np.zeros_like(raw)
-                elif mode in ("L", "1"):
-                    arr = np.asarray(img.convert("L"), dtype=np.float32) / 255.0
-                else:  # RGB, RGBA, P, LA, CMYK, YCbCr: grey = luminance
-                    arr = rgb2gray(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0).astype(np.float32)
+                if scale == 1:
+                    height, width = img.height, img.width
+                arr, bits = _grey(path, img)
     except ImageReadError:
         raise
     except FileNotFoundError:
@@ -65,4 +64,25 @@ def read_raster(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
         raise ImageReadError(f"{path}: refused as a decompression bomb ({exc})") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise ImageReadError(f"{path}: not a readable PNG/JPEG image ({exc})") from None
-    return np.clip(arr, 0.0, 1.0)
+    return DecodedImage(np.clip(arr, 0.0, 1.0), height, width, scale, 0.0, bits)
+
+
+def _grey(path: Path, img: Image.Image) -> tuple[np.ndarray, int]:
+    """(float32 grey in [0, 1] by the file's own scale, bits per sample) of a loaded image."""
+    mode = img.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+        return np.asarray(img, dtype=np.uint16).astype(np.float32) / 65535.0, 16
+    if mode == "I":
+        raw = np.asarray(img).astype(np.float32)
+        return raw / (65535.0 if raw.max() <= 65535 else float(raw.max())), 32
+    if mode == "F":
+        raw = np.asarray(img, dtype=np.float32)
+        if not np.isfinite(raw).all():  # min/max would be NaN, and the image silently all zero
+            raise ImageReadError(f"{path}: it holds NaN or infinite pixel values (a float image "
+                                 "without a valid range?)")
+        lo, hi = float(raw.min()), float(raw.max())
+        return ((raw - lo) / (hi - lo) if hi > lo else np.zeros_like(raw)), 32
+    if mode in ("L", "1"):
+        return np.asarray(img.convert("L"), dtype=np.float32) / 255.0, 8
+    # RGB, RGBA, P, LA, CMYK, YCbCr: grey = luminance
+    return luminance(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0).astype(np.float32), 8
