@@ -162,7 +162,9 @@ class ImageEncoder(nn.Module):
         self.init = self._maybe_load_imagenet(resnet, weights_path)
         self.output_stride, self.stages = int(output_stride), int(stages)
         kept = [resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4][:stages]
-        for stage in kept[::-1][: int(math.log2(2 ** (stages + 1) // self.output_stride))]:
+        natural_stride = 2 ** (stages + 1)  # conv1 and maxpool halve twice, every kept stage after layer1 once
+        halvings_undone = int(math.log2(natural_stride // self.output_stride))
+        for stage in kept[len(kept) - halvings_undone:]:
             _unstride(stage)
         # Keep torchvision's child names so ImageNet state dicts (minus fc) line up key for key.
         names = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")[: 4 + stages]
