@@ -175,25 +175,25 @@ def test_display_table_is_the_pixelwise_pipeline(name):
     np.testing.assert_array_equal(display(arr, ds), _display_values(arr, ds, None))
 
 
-def test_box_resample_is_the_mean_over_each_cell():
+@pytest.mark.parametrize("height, width, scale, origin", [(37, 29, 4, -1.5), (36, 28, 4, -1.5), (35, 30, 8, 0.0)])
+def test_box_resample_is_the_mean_over_each_cell(height, width, scale, origin):
     """Brute force: the decoded image is a step function (pixel k over [origin + s k, origin + s (k + 1)),
-    clipped to the image); each output cell is its mean over the cell, here sampled at 1/64 pixel."""
+    clipped to the image, the last pixel reaching the far edge: with 36 rows the J2K low-pass footprints of
+    level 2 end at 34.5); each output cell is its mean over the cell, here sampled at 1/64 pixel."""
     rng = np.random.default_rng(0)
-    height, width, scale, origin = 37, 29, 4, -1.5  # a J2K level 2 footprint
-    n_rows, n_cols = -(-(height - origin) // scale), -(-(width - origin) // scale)
-    pixels = rng.random((int(n_rows), int(n_cols))).astype(np.float32)
-    image = DecodedImage(pixels, height, width, scale, origin)
-    out = image.resample(11, 9)
+    n_rows, n_cols = -(-height // scale), -(-width // scale)  # what the decoders give: ceil(size / s)
+    pixels = rng.random((n_rows, n_cols)).astype(np.float32)
+    out = DecodedImage(pixels, height, width, scale, origin).resample(11, 9)
 
-    def brute(axis_len: int, n_out: int) -> np.ndarray:
+    def brute(axis_len: int, n_in: int, n_out: int) -> np.ndarray:
         t = (np.arange(axis_len * 64) + 0.5) / 64  # sample points over [0, axis_len)
-        k = np.floor((t - origin) / scale).astype(int)
+        k = np.clip(np.floor((t - origin) / scale).astype(int), 0, n_in - 1)
         cell = np.floor(t * n_out / axis_len).astype(int)
-        w = np.zeros((n_out, int(k.max()) + 1))
+        w = np.zeros((n_out, n_in))
         np.add.at(w, (cell, k), 1.0)
         return w / w.sum(axis=1, keepdims=True)
 
-    expected = brute(height, 11) @ pixels.astype(np.float64) @ brute(width, 9).T
+    expected = brute(height, n_rows, 11) @ pixels.astype(np.float64) @ brute(width, n_cols, 9).T
     np.testing.assert_allclose(out, expected, atol=2e-3)
 
 
