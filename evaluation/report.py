@@ -109,7 +109,7 @@ def _header_lines(m: dict) -> list[str]:
     if tr:
         uninformative = (f" (an InfoNCE-type loss of an uninformative model is about ln {tr['global_batch']} = "
                          f"{math.log(tr['global_batch']):.3f})" if tr.get("global_batch") else "")
-        lines.append(f"- training (trainer_state.json): loss `{tr.get('loss')}`, {tr.get('step')} steps of "
+        lines.append(f"- training (checkpoint_meta.json): loss `{tr.get('loss')}`, {tr.get('step')} steps of "
                      f"{tr.get('global_batch')} pairs ({tr.get('n_train')} training pairs), last loss "
                      f"{fmt(tr.get('last_loss'))}{uninformative}")
     lines += [f"- images encoded: {m['n_images_encoded']} ({len(m['failed_images'])} unreadable, left out); encode time "
