@@ -248,6 +248,10 @@ def validate(cfg: dict) -> dict:
     if cfg["data"]["sentence_sampling"] not in ("uniform", "findings"):
         raise MedclrError(f"config data.sentence_sampling {cfg['data']['sentence_sampling']!r}: expected uniform or "
                           "findings")
+    if cfg["data"]["study_sampling"] not in ("uniform", "findings"):
+        raise MedclrError(f"config data.study_sampling {cfg['data']['study_sampling']!r}: expected uniform or findings")
+    if not isinstance(cfg["data"]["study_balance"], (int, float)) or not 0 <= cfg["data"]["study_balance"] <= 1:
+        raise MedclrError(f"config data.study_balance {cfg['data']['study_balance']!r}: expected a number in [0, 1]")
     if not 0 < float(cfg["data"]["other_sentence_weight"]) <= 1:
         raise MedclrError(f"config data.other_sentence_weight {cfg['data']['other_sentence_weight']!r}: expected a "
                           "number in (0, 1]")

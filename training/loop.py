@@ -40,7 +40,7 @@ from medclr.losses.hard_negatives import hard_negative_term
 from medclr.training import checkpoint as ckpt_mod
 from medclr.training.budget import StepBudget
 from medclr.training.config import dump_yaml, loss_kwargs, needs_num_samples
-from medclr.training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table
+from medclr.training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table, study_weights
 from medclr.training.distributed import (
     DistEnv,
     all_reduce_mean,
@@ -264,7 +264,9 @@ class Run:
         self.scaler = torch.amp.GradScaler(env.device.type) if self.amp_dtype == torch.float16 else None
         self.ds = PairDataset(plan.table, cfg, cache_progress=env.is_main and cfg["log"]["progress"] is True)
         self.gb = int(cfg["train"]["batch_size"])
-        self.sampler = GlobalBatchSampler(len(self.ds), self.gb, env.rank, env.world_size, int(cfg["seed"]))
+        weights = study_weights(plan.table.sentences, cfg["data"]["study_sampling"], float(cfg["data"]["study_balance"]))
+        self.sampler = GlobalBatchSampler(len(self.ds), self.gb, env.rank, env.world_size, int(cfg["seed"]),
+                                          weights=weights)
         self.step, self.state = self._restore()
         self.sampler.step = self.step
         self.total = plan.total_steps

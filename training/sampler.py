@@ -15,6 +15,13 @@ whatever the number of loader workers.
 
 Items are (epoch, index) tuples: the dataset derives its per-item randomness (crop,
 contrast, sentence choice) from them, so it never needs to be told the epoch.
+
+With ``weights`` (``data.study_sampling: findings``, ``training.data.study_weights``) each global
+batch is instead a weighted draw of ``global_batch`` distinct indices, a pure function of
+(seed, step): the Gumbel top-k trick (keys log w_i + Gumbel noise, the k largest), which is
+sampling without replacement with probabilities proportional to w (Efraimidis and Spirakis,
+2006; Kool et al., ICML 2019). An index can then come back within an epoch, so items are
+(step, index): its view differs at every draw. An "epoch" is still ``n // global_batch`` steps.
 """
 
 from __future__ import annotations
@@ -40,10 +47,11 @@ class GlobalBatchSampler:
         rank, world_size: this process and the number of processes.
         seed: shuffling seed.
         start_step: global step to start from (resume); epoch = step // steps_per_epoch.
+        weights: optional (n,) positive draw weights (None = every index once per epoch).
     """
 
     def __init__(self, n: int, global_batch: int, rank: int = 0, world_size: int = 1, seed: int = 0,
-                 start_step: int = 0) -> None:
+                 start_step: int = 0, weights: np.ndarray | None = None) -> None:
         if global_batch < 2:
             raise MedclrError(f"train.batch_size {global_batch}: a contrastive batch needs at least 2 pairs")
         if global_batch % world_size:
@@ -57,6 +65,12 @@ class GlobalBatchSampler:
         self.seed = int(seed)
         self.steps_per_epoch = self.n // self.global_batch
         self.step = int(start_step)
+        self.log_weights = None
+        if weights is not None:
+            w = np.asarray(weights, dtype=np.float64)
+            if w.shape != (self.n,) or not np.all(np.isfinite(w) & (w > 0)):
+                raise MedclrError(f"sampler weights: expected {self.n} positive finite numbers")
+            self.log_weights = np.log(w)
 
     def position(self, step: int | None = None) -> tuple[int, int]:
         """(epoch, batch within the epoch) of a global step (default: the next one to be drawn)."""
@@ -65,6 +79,10 @@ class GlobalBatchSampler:
 
     def global_batch_indices(self, step: int) -> np.ndarray:
         """All ranks' indices of one step, rank 0's slice first (used by tests and checks)."""
+        if self.log_weights is not None:
+            keys = self.log_weights + np.random.default_rng(np.random.SeedSequence([self.seed, int(step), 0x6B1A])).gumbel(
+                size=self.n)
+            return np.argpartition(-keys, self.global_batch - 1)[:self.global_batch]
         epoch, k = self.position(step)
         perm = epoch_permutation(self.n, self.seed, epoch)
         return perm[k * self.global_batch:(k + 1) * self.global_batch]
@@ -77,15 +95,19 @@ class GlobalBatchSampler:
         perm, perm_epoch = None, -1
         lo, hi = self.rank * self.local_batch, (self.rank + 1) * self.local_batch
         while True:
-            epoch, k = divmod(step, self.steps_per_epoch)
-            if epoch != perm_epoch:
-                perm, perm_epoch = epoch_permutation(self.n, self.seed, epoch), epoch
-            chunk = perm[k * self.global_batch:(k + 1) * self.global_batch]
-            yield [(epoch, int(i)) for i in chunk[lo:hi]]
+            if self.log_weights is not None:
+                yield [(step, int(i)) for i in self.global_batch_indices(step)[lo:hi]]
+            else:
+                epoch, k = divmod(step, self.steps_per_epoch)
+                if epoch != perm_epoch:
+                    perm, perm_epoch = epoch_permutation(self.n, self.seed, epoch), epoch
+                chunk = perm[k * self.global_batch:(k + 1) * self.global_batch]
+                yield [(epoch, int(i)) for i in chunk[lo:hi]]
             step += 1
             self.step = step
 
     def state_dict(self) -> dict:
         epoch, k = self.position()
         return {"step": self.step, "epoch": epoch, "batch_in_epoch": k, "n": self.n,
-                "global_batch": self.global_batch, "seed": self.seed}
+                "global_batch": self.global_batch, "seed": self.seed,
+                "weighted": self.log_weights is not None}

@@ -156,6 +156,12 @@ def states_finding(sentence: str) -> bool:
     return any(p.search(sentence) for p, _ in FINDINGS.values()) and _states(sentence)
 
 
+def stated_findings(report: list[str]) -> set[str]:
+    """The findings of :data:`FINDINGS` that some sentence of the report states (:func:`states_finding`)."""
+    return {f for sentence in report if states_finding(sentence) for f, (p, _) in FINDINGS.items()
+            if p.search(sentence)}
+
+
 def _stated(report: list[str]) -> tuple[set[str], set[str]]:
     """(findings, sides) that some sentence of the report states or leaves ambiguous (kept off-limits)."""
     findings, sides = set(), set()
@@ -212,4 +218,5 @@ def hard_negatives(sentence: str, report: list[str], kinds=KINDS, pick=lambda n:
     return out
 
 
-__all__ = ["FINDINGS", "KINDS", "hard_negatives", "is_negated", "negate", "states_finding", "swap_finding", "swap_side"]
+__all__ = ["FINDINGS", "KINDS", "hard_negatives", "is_negated", "negate",
+           "stated_findings", "states_finding", "swap_finding", "swap_side"]
