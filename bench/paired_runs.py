@@ -42,8 +42,8 @@ def compare(a: dict, b: dict) -> list[dict]:
     rows = []
     for name, va in pa.items():
         vb = pb.get(name)
-        if vb is None or len(vb) != len(va):
-            continue
+        if vb is None or len(vb) != len(va) or None in va or None in vb:
+            continue  # a metric one arm did not compute (other --tasks) or left undefined for a seed
         d = paired_difference(va, vb)
         rows.append({"metric": name, "a": float(sum(va) / len(va)), "b": float(sum(vb) / len(vb)),
                      "diff": d["mean"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"]})

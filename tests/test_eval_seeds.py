@@ -262,7 +262,8 @@ def test_paired_runs_pairs_checkpoint_k_of_each_run(capsys):
 
     def run(auc, cardio):
         def entry(vals):
-            return {"mean": float(np.mean(vals)), "per_checkpoint": [{"value": v, "ci": None} for v in vals]}
+            defined = [v for v in vals if v is not None]
+            return {"mean": float(np.mean(defined)), "per_checkpoint": [{"value": v, "ci": None} for v in vals]}
         return {"pooled": {"summary": {"AUC": entry(auc)},
                            "zeroshot": {"per_class": {"Cardiomegaly": {"AUC": entry(cardio)}}, "classes": ["Cardiomegaly"]}}}
 
@@ -275,3 +276,5 @@ def test_paired_runs_pairs_checkpoint_k_of_each_run(capsys):
     assert diff["n"] == n == 3 and rows["zeroshot.per_class.Cardiomegaly.AUC"]["diff"] == 0.0
     shuffled = run([0.8, 0.9, 0.7], [0.6, 0.9, 0.5])  # the same values in another seed order pair differently
     assert paired_runs.compare(shuffled, b)[0]["ci_low"] != diff["ci_low"]
+    undefined = run([0.9, None, 0.8], [0.6, 0.9, 0.5])  # a seed without the metric (other --tasks, no labels)
+    assert [r["metric"] for r in paired_runs.compare(undefined, b)] == ["zeroshot.per_class.Cardiomegaly.AUC"]
