@@ -10,6 +10,8 @@ backward, clipping, AdamW), measured in one run:
     and float32: what a perfectly fed device gives. ``vs`` = end to end / model only (issue 18's goal
     on a GPU: >= 0.85);
   * data only: loader batches made ready on the device (augmentation included), as pairs/s;
+  * the CPU time of one training view per placement, in one thread as a loader worker makes it (min
+    over --rounds passes over 16 items; ``--views-only`` measures just this, at any size, in seconds);
   * NUCLR and DCL-eta_LM full steps on their own pre-made device batches vs InfoNCE's (goal <= 1.05x;
     NUCLR without its zeta freeze, eta = a synthetic per-pair class probability, loss.eta_source=true).
 The configurations run round-robin, --rounds rounds of --steps timed steps each after --warmup untimed
@@ -21,6 +23,7 @@ CUDA = preset paper (ResNet-50, LSE+NL head, 480 px crops of 512 px, bf16, chann
 
     OMP_NUM_THREADS=2 python bench/bench_train.py                    # ~5 minutes on 2 cores
     python bench/bench_train.py --device cuda --steps 30 --warmup 5  # (bench/gpu_suite.sh)
+    python bench/bench_train.py --views-only --resize 512 --crop 480   # per-view cost at the paper's size
 
 Prints JSON lines {"bench": "train", "metric", "value", "unit", "vs", ...context}.
 """
@@ -173,6 +176,34 @@ def measure(args, manifest: Path, lm: Path, work: Path) -> dict[str, list[float]
     return seconds
 
 
+def view_costs(args, manifest: Path, lm: Path, work: Path) -> dict[str, list[float]]:
+    """placement -> CPU seconds per training view, per pass over 16 items, in one thread."""
+    import torch
+
+    from medclr.training.config import load_config
+    from medclr.training.data import PairDataset, load_table
+
+    cfg = load_config("infonce", overrides(args, manifest, lm, work / "views", "auto", "infonce"))
+    table = load_table(cfg)
+    sets = {place: PairDataset(table, cfg, device_augment=place == "device") for place in PLACES}
+    threads, costs = torch.get_num_threads(), {place: [] for place in PLACES}
+    torch.set_num_threads(1)
+    for r in range(args.rounds):
+        for place, ds in sets.items():
+            t0 = time.process_time()
+            for i in range(16):
+                ds[(r, i % len(ds))]
+            costs[place].append((time.process_time() - t0) / 16)
+    torch.set_num_threads(threads)
+    return costs
+
+
+def report_views(args, costs: dict[str, list[float]], ctx: dict) -> None:
+    for place in PLACES:
+        emit("view_cpu_ms", 1e3 * min(costs[place]), "ms", None, augment_on=place, resize=args.resize,
+             median_ms=round(1e3 * statistics.median(costs[place]), 3), **{**ctx, "stat": "min", "threads": 1})
+
+
 def report(args, seconds: dict[str, list[float]], ctx: dict) -> None:
     def rate(name):
         return statistics.median(args.batch / s for s in seconds[name])
@@ -206,6 +237,7 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=None, help="data.num_workers (default: the config's auto)")
     ap.add_argument("--compile", action="store_true", help="train.compile=true (torch.compile the towers)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--views-only", action="store_true", help="only the CPU time of one training view")
     args = ap.parse_args(argv)
     for key, value in DEFAULTS[args.device].items():
         if getattr(args, key) is None:
@@ -221,8 +253,9 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         work = Path(tmp)
         manifest, lm = make_data(work, max(args.images, 2 * args.batch), args.resize + 16)
-        seconds = measure(args, manifest, lm, work)
-    report(args, seconds, ctx)
+        report_views(args, view_costs(args, manifest, lm, work), ctx)
+        if not args.views_only:
+            report(args, measure(args, manifest, lm, work), ctx)
 
 
 if __name__ == "__main__":
