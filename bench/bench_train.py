@@ -1,19 +1,29 @@
-"""`medclr train` throughput on CPU: pairs/s for ResNet-18 + the small BERT, end to end.
+"""`medclr train` throughput: end to end vs the same model on pre-made device tensors, and losses vs InfoNCE.
 
-End to end = what `medclr train` does per step: cached image -> random crop/brightness/contrast/gamma
-(MONAI) -> sentence draw -> tokenise -> image + text towers -> loss -> backward -> AdamW; measured
-from the run's own metrics (pairs_per_s, one line per step, the first --warmup steps dropped, median).
-Compared in the same run:
-  * the model alone (same model, loss and optimizer; one pre-made batch reused, no data pipeline):
-    `pipeline_efficiency` = end-to-end / model-only (1.0 = the data pipeline costs nothing);
-  * the data pipeline alone (DataLoader batches/s, as pairs/s), vs end-to-end;
-  * NUCLR instead of InfoNCE end to end (per-sample tables, two passes), vs InfoNCE.
-Data: synthetic 160 px radiograph-like images and two-sentence reports written to a temp dir; the
-text model has the size `medclr lm fit` produces (4 layers, hidden 256, 4 heads, vocab 6000), random
-weights (speed does not depend on them). cpu_small preset: 96 px crops of 108 px, batch 64.
+Every figure comes from `medclr train`'s own step (training/loop.py: ``Run.forward`` + ``Run.update``:
+transfer, intensity augmentation when it runs on the device, towers under the run's precision, loss,
+backward, clipping, AdamW), measured in one run:
+  * end to end, per ``data.augment_on`` placement (loader | device): batches from the run's own
+    DataLoader (cached image -> crop -> intensity augmentation in the loader or batched on the device
+    -> sentence draw -> tokenise -> pinned, non-blocking transfer);
+  * model only: the same run's step on one batch made beforehand, already on the device, augmented
+    and float32: what a perfectly fed device gives. ``vs`` = end to end / model only (issue 18's goal
+    on a GPU: >= 0.85);
+  * data only: loader batches made ready on the device (augmentation included), as pairs/s;
+  * the CPU time of one training view per placement, in one thread as a loader worker makes it (min
+    over --rounds passes over 16 items; ``--views-only`` measures just this, at any size, in seconds);
+  * NUCLR and DCL-eta_LM full steps on their own pre-made device batches vs InfoNCE's (goal <= 1.05x;
+    NUCLR without its zeta freeze, eta = a synthetic per-pair class probability, loss.eta_source=true).
+The configurations run round-robin, --rounds rounds of --steps timed steps each after --warmup untimed
+steps, so a load change on a shared machine hits all alike; rates and ratios are medians over rounds
+(ratios taken within a round). Data: synthetic radiograph-like images (resize + 16 px) and two-sentence
+reports in a temp dir; a text model of `medclr lm fit`'s size (4 layers, hidden 256, vocab 6000; random
+weights: speed does not depend on them). Defaults: CPU = preset cpu_small at 96 px crops of 108 px;
+CUDA = preset paper (ResNet-50, LSE+NL head, 480 px crops of 512 px, bf16, channels-last); batch 64.
 
-    OMP_NUM_THREADS=2 python bench/bench_train.py              # ~2 minutes on 2 cores
-    python bench/bench_train.py --steps 12 --batch 64 --crop 224 --resize 256
+    OMP_NUM_THREADS=2 python bench/bench_train.py                    # ~5 minutes on 2 cores
+    python bench/bench_train.py --device cuda --steps 30 --warmup 5  # (bench/gpu_suite.sh)
+    python bench/bench_train.py --views-only --resize 512 --crop 480   # per-view cost at the paper's size
 
 Prints JSON lines {"bench": "train", "metric", "value", "unit", "vs", ...context}.
 """
@@ -27,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +57,8 @@ def emit(metric: str, value: float, unit: str, vs, **ctx) -> None:
 
 
 def make_data(work: Path, n: int, size: int) -> tuple[Path, Path]:
-    """n synthetic images + reports as a manifest, and a text model of `medclr lm fit`'s size."""
+    """n synthetic images + reports (with a class probability for eta) as a manifest, and a text model of
+    `medclr lm fit`'s size."""
     import pandas as pd
     from PIL import Image
     from transformers import BertConfig, BertForMaskedLM
@@ -65,7 +77,7 @@ def make_data(work: Path, n: int, size: int) -> tuple[Path, Path]:
         Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(work / "img" / f"{i}.png")
         rows.append({"subject_id": str(i), "study_id": str(i), "dicom_id": str(i), "image_path": f"img/{i}.png",
                      "view": "PA", "split": "train", "report": " ".join(SENTENCES[i % 4]), "text": "",
-                     "sentences": SENTENCES[i % 4]})
+                     "sentences": SENTENCES[i % 4], "latent_class_prob": float(rng.uniform(0.05, 0.3))})
     manifest = write_manifest(pd.DataFrame(rows), work / "manifest.parquet", work)
     fit = FitConfig()
     tok = train_tokenizer([s for ss in SENTENCES for s in ss] * 4, min_frequency=1, max_length=fit.max_length)
@@ -77,93 +89,173 @@ def make_data(work: Path, n: int, size: int) -> tuple[Path, Path]:
     return manifest, work / "lm"
 
 
-def overrides(args, manifest: Path, lm: Path, out: Path) -> list[str]:
-    return ["preset=cpu_small", f"data.manifest={manifest}", f"model.text={lm}", f"out={out}",
+DEFAULTS = {"cpu": {"preset": "cpu_small", "resize": 108, "crop": 96},
+            "cuda": {"preset": "paper", "resize": 512, "crop": 480}}
+PLACES = ("loader", "device")
+LOSSES = {"infonce": [], "nuclr": ["loss.freeze_zeta_epochs=0"], "dcl_lm": ["loss.eta_source=true"]}
+
+
+def overrides(args, manifest: Path, lm: Path, out: Path, augment_on: str, loss: str) -> list[str]:
+    workers = [] if args.workers is None else [f"data.num_workers={args.workers}"]
+    return [f"preset={args.preset}", f"data.manifest={manifest}", f"model.text={lm}", f"out={out}",
             f"data.resize={args.resize}", f"data.crop={args.crop}", f"train.batch_size={args.batch}",
-            f"train.max_steps={args.warmup + args.steps}", "train.max_minutes=null", "log.every=1",
-            "log.progress=false", "val.every=null", f"ckpt.every={10 ** 6}", "data.num_workers=0"]
+            f"train.device={args.device}", f"data.augment_on={augment_on}", f"train.compile={args.compile}",
+            f"train.max_steps={10 ** 6}", "train.max_minutes=null", "log.progress=false", "val.every=null",
+            f"ckpt.every={10 ** 6}", *workers, *LOSSES[loss]]
 
 
-def end_to_end(config: str, args, manifest: Path, lm: Path, out: Path) -> float:
+def make_run(args, manifest: Path, lm: Path, out: Path, augment_on: str, loss: str):
+    """A `medclr train` run, built but not started: its model, loss, optimizer, dataset and loader."""
     from medclr.training.config import load_config
-    from medclr.training.loop import train
+    from medclr.training.distributed import setup
+    from medclr.training.loop import Run, preflight
 
-    train(load_config(config, overrides(args, manifest, lm, out)))
-    rates = [json.loads(line)["pairs_per_s"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(rates[args.warmup:])
+    out.mkdir(parents=True)
+    plan = preflight(load_config(loss, overrides(args, manifest, lm, out, augment_on, loss)), None, 1)
+    return Run(plan, setup(args.device))
 
 
-def model_only_and_data(args, manifest: Path, lm: Path, out: Path) -> tuple[float, float]:
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_step(run, batch) -> None:
+    value, _ = run.forward(batch)
+    run.update(value)
+    run.step += 1
+
+
+def data_step(run, batch) -> None:
+    from medclr.training.loop import on_device
+
+    on_device(batch, run.env.device)
+
+
+def timed(device: str, work, run, batches, n: int) -> float:
+    """Seconds for n calls of work(run, next(batches)), the device's queue drained at both ends."""
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        work(run, next(batches))
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def configurations(args, manifest: Path, lm: Path, work: Path) -> dict:
+    """name -> (work, run, batch iterator): end to end and data only per placement, model only per loss."""
+    from medclr.training.loop import on_device
+
+    runs = {place: make_run(args, manifest, lm, work / f"run_{place}", place, "infonce") for place in PLACES}
+    runs.update({loss: make_run(args, manifest, lm, work / f"run_{loss}", "loader", loss) for loss in LOSSES
+                 if loss != "infonce"})
+    # pre-made first: with persistent workers a second iter() would restart the end-to-end iterator
+    premade = {name: on_device(next(iter(run.loader)), run.env.device)
+               for name, run in [("infonce", runs["loader"]), ("nuclr", runs["nuclr"]), ("dcl_lm", runs["dcl_lm"])]}
+    out = {}
+    for place in PLACES:
+        it = iter(runs[place].loader)
+        out[f"end_to_end_{place}"] = (train_step, runs[place], it)
+        out[f"data_only_{place}"] = (data_step, runs[place], it)
+    for loss, batch in premade.items():
+        out[f"model_only_{loss}"] = (train_step, runs["loader" if loss == "infonce" else loss], repeat(batch))
+    return out
+
+
+def measure(args, manifest: Path, lm: Path, work: Path) -> dict[str, list[float]]:
+    """name -> seconds per step in each round."""
+    confs = configurations(args, manifest, lm, work)
+    for work_fn, run, batches in confs.values():
+        timed(args.device, work_fn, run, batches, args.warmup)
+    seconds = {name: [] for name in confs}
+    for _ in range(args.rounds):
+        for name, (work_fn, run, batches) in confs.items():
+            seconds[name].append(timed(args.device, work_fn, run, batches, args.steps) / args.steps)
+    return seconds
+
+
+def view_costs(args, manifest: Path, lm: Path, work: Path) -> dict[str, list[float]]:
+    """placement -> CPU seconds per training view, per pass over 16 items, in one thread."""
     import torch
 
     from medclr.training.config import load_config
-    from medclr.training.data import Collate, PairDataset
-    from medclr.training.loop import TwoTower, _build, preflight
-    from medclr.training.optim import build_optimizer, param_groups
-    from medclr.training.sampler import GlobalBatchSampler
+    from medclr.training.data import PairDataset, load_table
 
-    cfg = load_config("infonce", overrides(args, manifest, lm, out))
-    plan = preflight(cfg, None, 1)
-    from medclr.training.distributed import DistEnv
+    cfg = load_config("infonce", overrides(args, manifest, lm, work / "views", "auto", "infonce"))
+    table = load_table(cfg)
+    sets = {place: PairDataset(table, cfg, device_augment=place == "device") for place in PLACES}
+    threads, costs = torch.get_num_threads(), {place: [] for place in PLACES}
+    torch.set_num_threads(1)
+    for r in range(args.rounds):
+        for place, ds in sets.items():
+            t0 = time.process_time()
+            for i in range(16):
+                ds[(r, i % len(ds))]
+            costs[place].append((time.process_time() - t0) / 16)
+    torch.set_num_threads(threads)
+    return costs
 
-    model, loss = _build(plan, DistEnv())
-    ds = PairDataset(plan.table, cfg)
-    loader = torch.utils.data.DataLoader(ds, batch_sampler=GlobalBatchSampler(len(ds), args.batch),
-                                         collate_fn=Collate(model.text_encoder))
-    it = iter(loader)
-    for _ in range(2):
-        next(it)
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        batch = next(it)
-    data_rate = args.steps * args.batch / (time.perf_counter() - t0)
 
-    tower = TwoTower(model.image_encoder, model.text_encoder).train()
-    opt = build_optimizer(param_groups(model, loss, [tower], 3e-4, 1e-4, 0.01), cfg, torch.device("cpu"))
-    times = []
-    for k in range(args.warmup + args.steps):
-        t = time.perf_counter()
-        img, txt = tower(batch["images"], batch["tokens"])
-        value = loss(img.float(), txt.float(), index=batch["index"])
-        opt.zero_grad(set_to_none=True)
-        value.backward()
-        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
-        opt.step()
-        if k >= args.warmup:
-            times.append(time.perf_counter() - t)
-    return args.batch / statistics.median(times), data_rate
+def report_views(args, costs: dict[str, list[float]], ctx: dict) -> None:
+    for place in PLACES:
+        emit("view_cpu_ms", 1e3 * min(costs[place]), "ms", None, augment_on=place, resize=args.resize,
+             median_ms=round(1e3 * statistics.median(costs[place]), 3), **{**ctx, "stat": "min", "threads": 1})
+
+
+def report(args, seconds: dict[str, list[float]], ctx: dict) -> None:
+    def rate(name):
+        return statistics.median(args.batch / s for s in seconds[name])
+
+    def ratio(a, b):
+        return statistics.median(x / y for x, y in zip(seconds[a], seconds[b]))
+
+    emit("pairs_per_s_model_only", rate("model_only_infonce"), "pairs/s", None, loss="infonce", **ctx)
+    for place in PLACES:
+        emit("pairs_per_s", rate(f"end_to_end_{place}"), "pairs/s", None, augment_on=place, loss="infonce", **ctx)
+        emit("end_to_end_vs_model_only", ratio("model_only_infonce", f"end_to_end_{place}"), "x", "model_only",
+             augment_on=place, goal=">= 0.85 on a GPU", **ctx)
+        emit("data_pairs_per_s", rate(f"data_only_{place}"), "pairs/s", None, augment_on=place, **ctx)
+    for loss in LOSSES:
+        if loss != "infonce":
+            emit(f"step_ratio_{loss}", ratio(f"model_only_{loss}", "model_only_infonce"), "x", "infonce",
+                 seconds=round(statistics.median(seconds[f"model_only_{loss}"]), 4), goal="<= 1.05", **ctx)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=8, help="timed steps per configuration")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per configuration and round")
+    ap.add_argument("--rounds", type=int, default=3, help="round-robin rounds over the configurations")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration first")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--resize", type=int, default=108)
-    ap.add_argument("--crop", type=int, default=96)
+    ap.add_argument("--preset", default=None, help="training preset (default: cpu_small on cpu, paper on cuda)")
+    ap.add_argument("--resize", type=int, default=None, help="default: 108 on cpu, 512 on cuda")
+    ap.add_argument("--crop", type=int, default=None, help="default: 96 on cpu, 480 on cuda")
     ap.add_argument("--images", type=int, default=128)
+    ap.add_argument("--workers", type=int, default=None, help="data.num_workers (default: the config's auto)")
+    ap.add_argument("--compile", action="store_true", help="train.compile=true (torch.compile the towers)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--views-only", action="store_true", help="only the CPU time of one training view")
     args = ap.parse_args(argv)
+    for key, value in DEFAULTS[args.device].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     logging.basicConfig(level=logging.WARNING)
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    ctx = {"device": "cpu", "threads": torch.get_num_threads(), "batch": args.batch, "crop": args.crop,
-           "image": "resnet18", "text": "bert L4 H256 V6000"}
+    ctx = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+           "threads": torch.get_num_threads(), "batch": args.batch, "crop": args.crop, "preset": args.preset,
+           "text": "bert L4 H256 V6000", "compile": args.compile, "stat": f"median of {args.rounds} rounds"}
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         work = Path(tmp)
         manifest, lm = make_data(work, max(args.images, 2 * args.batch), args.resize + 16)
-        infonce = end_to_end("infonce", args, manifest, lm, work / "run_infonce")
-        nuclr = end_to_end("nuclr", args, manifest, lm, work / "run_nuclr")
-        model_rate, data_rate = model_only_and_data(args, manifest, lm, work / "run_model")
-    emit("pairs_per_s", infonce, "pairs/s", None, loss="infonce", **ctx)
-    emit("pairs_per_s_model_only", model_rate, "pairs/s", None, loss="infonce", **ctx)
-    emit("pipeline_efficiency", infonce / model_rate, "x", "model_only", **ctx)
-    emit("data_pairs_per_s", data_rate, "pairs/s", None, workers=0, **ctx)
-    emit("data_vs_train", data_rate / infonce, "x", "pairs_per_s", **ctx)
-    emit("pairs_per_s_nuclr", nuclr, "pairs/s", None, loss="nuclr", **ctx)
-    emit("nuclr_vs_infonce", nuclr / infonce, "x", "infonce", **ctx)
+        report_views(args, view_costs(args, manifest, lm, work), ctx)
+        if not args.views_only:
+            report(args, measure(args, manifest, lm, work), ctx)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,16 @@ head (full step, as training/loop.py runs it: head.image_side + score_blocks + t
 the activation memory each step keeps for backward; and the two heads alone (head + InfoNCE, forward +
 backward on the region grid).
 
+On --device cuda every tensor lives on the GPU, the towers run under --precision (auto = bf16, as
+`medclr train` runs them; the losses upcast to float32 themselves) and each timing drains the GPU's queue
+at both ends.
+
 Prints JSON lines {"bench": "train_step", "metric", "value", "unit", "vs"}; ratios are "vs":
 "infonce" (the same step with InfoNCE in the same run) or "cosine_head" for the head-only ratio.
 
     OMP_NUM_THREADS=2 python bench/bench_train_step.py --batch 32 --size 224 --steps 3
     OMP_NUM_THREADS=2 python bench/bench_train_step.py --batch 64 --size 128 --output-stride 16 --losses infonce
+    python bench/bench_train_step.py --device cuda --arch resnet50 --size 480 --batch 64 --channels-last --steps 10
     (on a busy shared machine, --threads 1 avoids OpenMP threads spinning against other processes)
 """
 
@@ -70,6 +75,11 @@ def saved_bytes(step) -> int:
     return total[0]
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def make_loss(name: str, num_samples: int):
     import inspect
 
@@ -99,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-lse", action="store_true", help="skip the LSE+NL-head step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = leave as is)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="autocast dtype of the towers: auto = bf16 on cuda, fp32 on cpu")
     args = p.parse_args(argv)
+    dev = torch.device(args.device)
+    amp = torch.bfloat16 if args.precision == "bf16" or (args.precision == "auto" and dev.type == "cuda") else None
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
@@ -121,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     text = {"input_ids": ids, "attention_mask": attn}
     eta = torch.rand(b, generator=g) * 0.2  # per-pair class probabilities for dcl_lm
     index0 = torch.randperm(n_data, generator=g)[:b]
+    images, eta, index0 = images.to(dev), eta.to(dev), index0.to(dev)
+    text = {k: v.to(dev) for k, v in text.items()}
 
     # One model and optimizer shared by all losses: only the timing matters here, and a single
     # copy keeps memory at one model on a shared machine.
-    model = build_model(args, CosineHead(args.joint_dim)).train()
-    losses = {n: make_loss(n, n_data).train() for n in names}
+    model = build_model(args, CosineHead(args.joint_dim)).to(dev).train()
+    losses = {n: make_loss(n, n_data).to(dev).train() for n in names}
     # Learnable loss parameters (SigLIP's t and b, ...) are trained too; AdamW skips the ones of the
     # losses not used in a step (their grad is None).
     loss_params = [p for fn in losses.values() for p in fn.parameters()]
@@ -133,12 +150,15 @@ def main(argv: list[str] | None = None) -> int:
                             lr=1e-5, weight_decay=1e-4)
 
     def timed_step(m: DualEncoder, o: torch.optim.Optimizer, loss_of) -> float:
+        sync(dev)
         t0 = time.perf_counter()
-        img, txt = m.encode_image(images), m.encode_text(text)
-        loss = loss_of(m, img, txt)
+        with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
+            img, txt = m.encode_image(images), m.encode_text(text)
+            loss = loss_of(m, img, txt)
         o.zero_grad(set_to_none=True)
         loss.backward()
         o.step()
+        sync(dev)
         dt = time.perf_counter() - t0
         if not torch.isfinite(loss):
             raise RuntimeError(f"non-finite loss {loss.item()}")
@@ -155,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         # (NL-contextualised unit cells) and its blocks from score_blocks, into the loss module.
         from medclr.losses.distributed import score_blocks
 
-        lse_model = build_model(args, LSENLHead(args.joint_dim)).train()
+        lse_model = build_model(args, LSENLHead(args.joint_dim)).to(dev).train()
         lse_opt = torch.optim.AdamW(lse_model.parameters(), lr=1e-5, weight_decay=1e-4)
-        lse_infonce = make_loss("infonce", n_data)
+        lse_infonce = make_loss("infonce", n_data).to(dev)
 
         def lse_loss(m, i, t):
             return lse_infonce(sims=score_blocks(m.head.score, m.head.image_side(i), t.embedding))
@@ -181,12 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     # Loss alone on B x D embeddings (forward + backward): the only part that differs.
     def loss_only(loss_fn, reps: int = 30) -> float:
         ts = []
-        e_img = torch.nn.functional.normalize(torch.randn(b, args.joint_dim, generator=g), dim=-1)
-        e_txt = torch.nn.functional.normalize(torch.randn(b, args.joint_dim, generator=g), dim=-1)
+        e_img = torch.nn.functional.normalize(torch.randn(b, args.joint_dim, generator=g), dim=-1).to(dev)
+        e_txt = torch.nn.functional.normalize(torch.randn(b, args.joint_dim, generator=g), dim=-1).to(dev)
         for r in range(reps + 3):
             a, t = e_img.clone().requires_grad_(), e_txt.clone().requires_grad_()
+            sync(dev)
             t0 = time.perf_counter()
             loss_fn(a, t, index=(index0 + r) % n_data, eta=eta).backward()
+            sync(dev)
             if r >= 3:
                 ts.append(time.perf_counter() - t0)
         return ts
@@ -198,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     lbest = {n: min(v) for n, v in lt.items()}
 
     common = {"batch": b, "size": args.size, "arch": args.arch, "threads": torch.get_num_threads(),
-              "steps": args.steps, "stat": "min"}
+              "steps": args.steps, "stat": "min", "device": torch.cuda.get_device_name(dev) if dev.type == "cuda"
+              else "cpu", "precision": "bf16" if amp else "fp32"}
     emit("step_time_infonce", best["infonce"], "s", None, median_s=round(med["infonce"], 4), **common)
     for n in best:
         if n != "infonce":
@@ -220,20 +243,22 @@ def main(argv: list[str] | None = None) -> int:
         from medclr.models import ImageFeatures, grid_size
 
         h, w = grid_size(args.size, args.size, args.output_stride)
-        heads = {"cosine": CosineHead(args.joint_dim), "lse_nl": LSENLHead(args.joint_dim)}
+        heads = {"cosine": CosineHead(args.joint_dim).to(dev), "lse_nl": LSENLHead(args.joint_dim).to(dev)}
         with torch.no_grad():
             heads["lse_nl"].nl.out.weight.normal_(0, 0.02)  # off the zero init, as after training starts
-        regions0 = torch.randn(b, args.joint_dim, h, w, generator=g)
-        text0 = torch.randn(b, args.joint_dim, generator=g)
+        regions0 = torch.randn(b, args.joint_dim, h, w, generator=g).to(dev)
+        text0 = torch.randn(b, args.joint_dim, generator=g).to(dev)
         ht: dict[str, list[float]] = {k: [] for k in heads}
         for _ in range(3):
             for k, head in heads.items():
                 for r in range(13):
                     reg, txt = regions0.clone().requires_grad_(), text0.clone().requires_grad_()
+                    sync(dev)
                     t0 = time.perf_counter()
                     feats = ImageFeatures(reg, torch.nn.functional.normalize(reg.mean((2, 3)), dim=-1))
                     sim = head(feats, torch.nn.functional.normalize(txt, dim=-1))
                     (0.5 * (info_nce(sim, 0.07) + info_nce(sim.T, 0.07))).backward()
+                    sync(dev)
                     if r >= 3:
                         ht[k].append(time.perf_counter() - t0)
         emit("head_only_time_cosine", min(ht["cosine"]) * 1e3, "ms", None, grid=[h, w], **common)

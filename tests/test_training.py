@@ -180,6 +180,7 @@ def test_config_layers_presets_and_overrides():
     ("sogclr", ["loss.freeze_zeta_epochs=1"], "config loss.freeze_zeta_epochs: not an argument of loss sogclr"),
     ("infonce", ["loss.zeta_lr_schedule=cosine"], "config loss.zeta_lr_schedule: not an argument of loss infonce"),
     ("nope", [], "no such file"),
+    ("infonce", ["data.augment_on=gpu"], "config data.augment_on 'gpu': expected auto, loader or device"),
 ])
 def test_bad_config_is_one_clear_line(config, overrides, message):
     from medclr.training.config import load_config
@@ -280,14 +281,17 @@ def _cli(argv: list[str]) -> int:
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("head", ["cosine", "lse_nl"])
-def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head):
+# the LSE+NL run also applies the intensity augmentation in the step (data.augment_on=device), whose
+# per-item parameters must resume exactly without any device RNG state
+@pytest.mark.parametrize("head, augment_on", [("cosine", "loader"), ("lse_nl", "device")])
+def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head, augment_on):
     manifest, lm = tiny
     n_steps = 3
     # with the rule hard negatives on and finding sentences drawn first: their draws must resume exactly too
     args = ("train.batch_size=8", f"train.max_steps={2 * n_steps}", f"ckpt.every={n_steps}", "ckpt.keep_last=5",
             "loss.freeze_zeta_epochs=1", f"model.head={head}", "model.output_stride=16", "hard_negatives.weight=1",
-            "data.sentence_sampling=findings")  # zeta frozen for 2 steps, then nuclr.yaml's cosine step size
+            "data.sentence_sampling=findings", f"data.augment_on={augment_on}")  # zeta frozen for 2 steps, then
+    # nuclr.yaml's cosine step size
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     # The straight 2N-step run and the resumed run go through the CLI in this process (saves two
     # interpreter start-ups); the run that is killed must be a real process.

@@ -222,6 +222,9 @@ def validate(cfg: dict) -> dict:
     cfg["data"]["cache"] = cache_mode(cfg["data"]["cache"])
     if cfg["data"]["cache_dtype"] not in ("uint8", "float16", "float32"):
         raise MedclrError(f"config data.cache_dtype {cfg['data']['cache_dtype']!r}: expected uint8, float16 or float32")
+    from medclr.training.augment import check_place
+
+    check_place(cfg["data"]["augment_on"])
     nw = cfg["data"]["num_workers"]
     if nw != "auto" and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 0):
         raise MedclrError(f"config data.num_workers {nw!r}: expected auto or a whole number >= 0")

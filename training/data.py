@@ -7,7 +7,9 @@
   (``data.study_sampling: findings``) drawn with :func:`study_weights`, rare findings more often.
 * Images: the deterministic part (read with medclr.io.read_image, resize the shorter side) is
   cached by ``monai.data.CacheDataset``; the random part (crop, brightness, contrast, gamma)
-  runs after the cache. No flips: reports name the side ("right pleural effusion"). The resize
+  runs after the cache, the intensity part in the loader or, with ``data.augment_on: device``,
+  batched on the training device from per-item parameters (training/augment.py). No flips:
+  reports name the side ("right pleural effusion"). The resize
   and the deterministic (validation) centre crop are ``medclr.geometry``'s, the rule inference
   and evaluation use.
 * Exact resume: all data randomness is a pure function of (seed, epoch, dataset index), so it
@@ -33,6 +35,7 @@ import torch
 from medclr.data.hard_negatives import hard_negatives
 from medclr.errors import MedclrError
 from medclr.geometry import centre_crop, resize_shorter_side
+from medclr.training.augment import drawn_parameters, unit_float
 
 log = logging.getLogger(__name__)
 
@@ -205,11 +208,6 @@ def _random_transform(crop: int, aug: dict):
     return Compose(ts)
 
 
-def _to_float(x: torch.Tensor) -> torch.Tensor:
-    x = torch.as_tensor(x)
-    return x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-
-
 def _plain(x) -> torch.Tensor:
     # MONAI returns MetaTensors; batches of plain tensors are cheaper to collate and pin.
     return x.as_tensor() if hasattr(x, "as_tensor") else torch.as_tensor(x)
@@ -263,13 +261,17 @@ def study_weights(sentences: list[list[str]], mode: str, power: float = 0.5) -> 
 class PairDataset(torch.utils.data.Dataset):
     """Cached images + sentences. ``ds[(epoch, i)]`` is a random training view of pair i
     (``(step, i)`` under weighted draws);
-    ``ds[i]`` (an int) is the deterministic view (centre crop, first sentence) for evaluation."""
+    ``ds[i]`` (an int) is the deterministic view (centre crop, first sentence) for evaluation.
 
-    def __init__(self, table: TrainTable, cfg: dict, cache_progress: bool = False) -> None:
+    ``device_augment``: training views are the crop in the cache's dtype plus ``item["augment"]``,
+    the intensity parameters for ``training.augment.apply_on_device`` (drawn from the same streams)."""
+
+    def __init__(self, table: TrainTable, cfg: dict, cache_progress: bool = False,
+                 device_augment: bool = False) -> None:
         from monai.data import CacheDataset
         from monai.transforms import Compose
 
-        self.table, self.seed = table, int(cfg["seed"])
+        self.table, self.seed, self.device_augment = table, int(cfg["seed"]), device_augment
         d = cfg["data"]
         self.sentence_p = sentence_probabilities(table.sentences, d["sentence_sampling"], float(d["other_sentence_weight"]))
         hn = cfg["hard_negatives"]
@@ -320,14 +322,21 @@ class PairDataset(torch.utils.data.Dataset):
             j = int(rng.integers(len(self.table.sentences[i])) if p is None else rng.choice(len(p), p=p))
             hard = hard_negatives(self.table.sentences[i][j], self.table.sentences[i], self.hard_kinds,
                                   pick=lambda n: int(rng.integers(n))) if self.hard_kinds else []
-            img = _to_float(self.images[i]["image"])
-            self.random.set_random_state(seed=int(t_seed))
-            img = _plain(self.random(img)).clamp_(0.0, 1.0)
+            img, augment = self._training_view(i, int(t_seed))
         else:
-            i, j, hard = int(key), 0, []
-            img = centre_crop(_plain(_to_float(self.images[i]["image"])), self.crop)
-        return {"image": img.contiguous(), "sentence": self.table.sentences[i][j], "index": i, "eta": self._eta(i, j),
-                "hard": hard}
+            i, j, hard, augment = int(key), 0, [], None
+            img = centre_crop(_plain(unit_float(self.images[i]["image"])), self.crop)
+        item = {"image": img.contiguous(), "sentence": self.table.sentences[i][j], "index": i,
+                "eta": self._eta(i, j), "hard": hard}
+        return item if augment is None else {**item, "augment": augment}
+
+    def _training_view(self, i: int, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(random crop, None) augmented here, or (crop in the cache's dtype, its intensity parameters)."""
+        self.random.set_random_state(seed=seed)  # one stream per transform, as Compose seeds them
+        if not self.device_augment:
+            return _plain(self.random(unit_float(self.images[i]["image"]))).clamp_(0.0, 1.0), None
+        crop, *intensity = self.random.transforms
+        return _plain(crop(torch.as_tensor(self.images[i]["image"]))), drawn_parameters(intensity)
 
 
 class Collate:
@@ -350,6 +359,7 @@ class Collate:
         hard = [(i, text) for i, it in enumerate(items) for text in it.get("hard", ())]
         return {
             "images": torch.stack([it["image"] for it in items]),
+            "augment": torch.stack([it["augment"] for it in items]) if "augment" in items[0] else None,
             "tokens": TextEncoder.tokenize(self.proxy, sentences + [text for _, text in hard]),
             "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
             "eta": None if any(e is None for e in etas) else torch.tensor(etas, dtype=torch.float32),

@@ -38,6 +38,7 @@ from medclr.losses.base import ContrastiveLoss
 from medclr.losses.distributed import score_blocks
 from medclr.losses.hard_negatives import hard_negative_term
 from medclr.training import checkpoint as ckpt_mod
+from medclr.training.augment import apply_on_device, augment_place
 from medclr.training.budget import StepBudget
 from medclr.training.config import dump_yaml, loss_kwargs, needs_num_samples
 from medclr.training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table, study_weights
@@ -234,6 +235,16 @@ def _loader(ds: PairDataset, sampler: GlobalBatchSampler, cfg: dict, env: DistEn
         generator=torch.Generator().manual_seed(int(cfg["seed"])))
 
 
+def on_device(batch: dict, device: torch.device) -> dict:
+    """The batch's tensors on the device (non-blocking: the loader pins them on CUDA), with the
+    intensity augmentation applied there when the loader shipped its parameters (data.augment_on)."""
+    moved = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    moved["tokens"] = {k: v.to(device, non_blocking=True) for k, v in batch["tokens"].items()}
+    if moved.get("augment") is not None:
+        moved["images"], moved["augment"] = apply_on_device(moved["images"], moved["augment"]), None
+    return moved
+
+
 def _run(plan: Plan, env: DistEnv) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers fork after the tokenizer is used
     if env.is_main:
@@ -262,7 +273,8 @@ class Run:
                                                                    plan.total_steps, env.device)
         self.amp_dtype = _amp(cfg, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type) if self.amp_dtype == torch.float16 else None
-        self.ds = PairDataset(plan.table, cfg, cache_progress=env.is_main and cfg["log"]["progress"] is True)
+        self.ds = PairDataset(plan.table, cfg, cache_progress=env.is_main and cfg["log"]["progress"] is True,
+                              device_augment=augment_place(cfg["data"]["augment_on"], env.device) == "device")
         self.gb = int(cfg["train"]["batch_size"])
         weights = study_weights(plan.table.sentences, cfg["data"]["study_sampling"], float(cfg["data"]["study_balance"]))
         self.sampler = GlobalBatchSampler(len(self.ds), self.gb, env.rank, env.world_size, int(cfg["seed"]),
@@ -330,10 +342,8 @@ class Run:
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The step's loss (and its hard-negative term alone, when that is on)."""
         env, loss, head = self.env, self.loss, self.head
-        images = batch["images"].to(env.device, non_blocking=True)
-        tokens = {k: v.to(env.device, non_blocking=True) for k, v in batch["tokens"].items()}
-        index = batch["index"].to(env.device, non_blocking=True)
-        eta = batch["eta"].to(env.device, non_blocking=True) if batch["eta"] is not None else None
+        batch = on_device(batch, env.device)
+        images, tokens, index, eta = batch["images"], batch["tokens"], batch["index"], batch["eta"]
         loss.on_step(self.step, self.total)  # the loss's own schedule (medclr.losses.base)
         amp = self.amp_dtype
         with torch.autocast(env.device.type, dtype=amp or torch.float32, enabled=amp is not None):
@@ -346,7 +356,7 @@ class Run:
             value = loss(sims=score_blocks(head.score, img_side, txt_emb), index=index, eta=eta)
         if self.hard_weight <= 0:
             return value, None
-        rows = batch["hard_index"].to(env.device)
+        rows = batch["hard_index"]
         pair_score = (head or self.model.head).score_pairs
         # on the device: NCCL reduces CUDA tensors only
         local = torch.tensor(float(rows.numel()), device=env.device)
