@@ -282,15 +282,17 @@ def _cli(argv: list[str]) -> int:
 
 
 # the LSE+NL run also applies the intensity augmentation in the step (data.augment_on=device), whose
-# per-item parameters must resume exactly without any device RNG state
-@pytest.mark.parametrize("head, augment_on", [("cosine", "loader"), ("lse_nl", "device")])
-def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head, augment_on):
+# per-item parameters must resume exactly without any device RNG state, and runs the towers under bf16
+# autocast on the CPU, validation included (its head scores bf16 trunk features in float32)
+@pytest.mark.parametrize("head, augment_on, precision", [("cosine", "loader", "fp32"), ("lse_nl", "device", "bf16")])
+def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head, augment_on, precision):
     manifest, lm = tiny
     n_steps = 3
     # with the rule hard negatives on and finding sentences drawn first: their draws must resume exactly too
     args = ("train.batch_size=8", f"train.max_steps={2 * n_steps}", f"ckpt.every={n_steps}", "ckpt.keep_last=5",
             "loss.freeze_zeta_epochs=1", f"model.head={head}", "model.output_stride=16", "hard_negatives.weight=1",
-            "data.sentence_sampling=findings", f"data.augment_on={augment_on}")  # zeta frozen for 2 steps, then
+            "data.sentence_sampling=findings", f"data.augment_on={augment_on}", f"train.precision={precision}",
+            "val.every=0")  # zeta frozen for 2 steps, then
     # nuclr.yaml's cosine step size
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     # The straight 2N-step run and the resumed run go through the CLI in this process (saves two
@@ -320,6 +322,7 @@ def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head,
     la = [m["loss"] for m in _metrics(straight) if "loss" in m]
     lb = [m["loss"] for m in _metrics(killed) if "loss" in m]
     assert len(lb) == 2 * n_steps and la == lb  # metrics.jsonl: the killed run's extra lines were dropped
+    assert "val/chex5_auc" in _metrics(killed)[-1]  # the validation at the end ran
     hard = [m["hard_negative_term"] for m in _metrics(killed) if "loss" in m]
     assert len(hard) == 2 * n_steps and all(0 < h < m["loss"] for h, m in zip(hard, _metrics(killed)))
 

@@ -145,8 +145,8 @@ class Validator:
         for i in range(0, len(ds), 64):
             x = torch.stack([ds[j]["image"] for j in range(i, min(len(ds), i + 64))]).to(self.device)
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                feats = model.encode_image(x)
-            out.append(feats.global_emb.float().cpu())
+                feats = model.encode_image(x).float()
+            out.append(feats.global_emb.cpu())
             if prompts is not None:  # the head in float32, as the inference engine scores
                 _classes, sp, sn = zero_shot_scores(model.similarity, feats, prompts)
                 pos.append(sp.cpu())

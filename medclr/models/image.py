@@ -76,6 +76,11 @@ class ImageFeatures:
     def grid(self) -> tuple[int, int]:
         return int(self.regions.shape[-2]), int(self.regions.shape[-1])
 
+    def float(self) -> ImageFeatures:
+        """The features in float32: what the heads score outside autocast (bf16 regions from an
+        autocast trunk would meet the float32 weights of the non-local block)."""
+        return ImageFeatures(self.regions.float(), self.global_emb.float())
+
 
 def cached_imagenet_weights(arch: str) -> Path | None:
     """Path of a torchvision ImageNet weight file for ``arch`` already in the torch hub cache, else None.
