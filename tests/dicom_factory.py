@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import secrets
+
 import numpy as np
 from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
+from pydicom.uid import PYDICOM_ROOT_UID, ExplicitVRLittleEndian, SecondaryCaptureImageStorage
+
+
+def fixed_length_uid() -> str:
+    """A unique UID of one length: generate_uid()'s length varies by a digit or two, and the tests that
+    rewrite a file in place with the same byte size need every file's size to depend on its pixels only."""
+    return f"{PYDICOM_ROOT_UID}1{secrets.randbelow(10**29):029d}"
 
 
 def make_dicom(path, pixels: np.ndarray, photometric: str = "MONOCHROME2", bits_stored: int | None = None, **tags):
     """Write ``pixels`` (H x W, F x H x W or H x W x 3) as an uncompressed DICOM file."""
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = SecondaryCaptureImageStorage
-    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.MediaStorageSOPInstanceUID = fixed_length_uid()
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = Dataset()
     ds.file_meta = meta
