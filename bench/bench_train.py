@@ -12,6 +12,8 @@ backward, clipping, AdamW), measured in one run:
   * data only: loader batches made ready on the device (augmentation included), as pairs/s;
   * the CPU time of one training view per placement, in one thread as a loader worker makes it (min
     over --rounds passes over 16 items; ``--views-only`` measures just this, at any size, in seconds);
+  * train.precision=auto against fp32, model only and end to end (auto = bf16 on CUDA and on CPUs with
+    AVX512-BF16/AMX; ``vs`` = fp32 seconds / auto seconds, so > 1 is auto's speed-up);
   * NUCLR and DCL-eta_LM full steps on their own pre-made device batches vs InfoNCE's (goal <= 1.05x;
     NUCLR without its zeta freeze, eta = a synthetic per-pair class probability, loss.eta_source=true).
 The configurations run round-robin, --rounds rounds of --steps timed steps each after --warmup untimed
@@ -95,23 +97,24 @@ PLACES = ("loader", "device")
 LOSSES = {"infonce": [], "nuclr": ["loss.freeze_zeta_epochs=0"], "dcl_lm": ["loss.eta_source=true"]}
 
 
-def overrides(args, manifest: Path, lm: Path, out: Path, augment_on: str, loss: str) -> list[str]:
+def overrides(args, manifest: Path, lm: Path, out: Path, augment_on: str, loss: str,
+              precision: str = "auto") -> list[str]:
     workers = [] if args.workers is None else [f"data.num_workers={args.workers}"]
     return [f"preset={args.preset}", f"data.manifest={manifest}", f"model.text={lm}", f"out={out}",
             f"data.resize={args.resize}", f"data.crop={args.crop}", f"train.batch_size={args.batch}",
             f"train.device={args.device}", f"data.augment_on={augment_on}", f"train.compile={args.compile}",
             f"train.max_steps={10 ** 6}", "train.max_minutes=null", "log.progress=false", "val.every=null",
-            f"ckpt.every={10 ** 6}", *workers, *LOSSES[loss]]
+            f"ckpt.every={10 ** 6}", f"train.precision={precision}", *workers, *LOSSES[loss]]
 
 
-def make_run(args, manifest: Path, lm: Path, out: Path, augment_on: str, loss: str):
+def make_run(args, manifest: Path, lm: Path, out: Path, augment_on: str, loss: str, precision: str = "auto"):
     """A `medclr train` run, built but not started: its model, loss, optimizer, dataset and loader."""
     from medclr.training.config import load_config
     from medclr.training.distributed import setup
     from medclr.training.loop import Run, preflight
 
     out.mkdir(parents=True)
-    plan = preflight(load_config(loss, overrides(args, manifest, lm, out, augment_on, loss)), None, 1)
+    plan = preflight(load_config(loss, overrides(args, manifest, lm, out, augment_on, loss, precision)), None, 1)
     return Run(plan, setup(args.device))
 
 
@@ -151,9 +154,12 @@ def configurations(args, manifest: Path, lm: Path, work: Path) -> dict:
     runs = {place: make_run(args, manifest, lm, work / f"run_{place}", place, "infonce") for place in PLACES}
     runs.update({loss: make_run(args, manifest, lm, work / f"run_{loss}", "loader", loss) for loss in LOSSES
                  if loss != "infonce"})
+    # the same step in float32: what train.precision=auto gains (bf16 on hardware that has it)
+    runs["fp32"] = make_run(args, manifest, lm, work / "run_fp32", "loader", "infonce", "fp32")
     # pre-made first: with persistent workers a second iter() would restart the end-to-end iterator
     premade = {name: on_device(next(iter(run.loader)), run.env.device)
-               for name, run in [("infonce", runs["loader"]), ("nuclr", runs["nuclr"]), ("dcl_lm", runs["dcl_lm"])]}
+               for name, run in [("infonce", runs["loader"]), ("nuclr", runs["nuclr"]), ("dcl_lm", runs["dcl_lm"]),
+                                 ("fp32", runs["fp32"])]}
     out = {}
     for place in PLACES:
         it = iter(runs[place].loader)
@@ -161,6 +167,7 @@ def configurations(args, manifest: Path, lm: Path, work: Path) -> dict:
         out[f"data_only_{place}"] = (data_step, runs[place], it)
     for loss, batch in premade.items():
         out[f"model_only_{loss}"] = (train_step, runs["loader" if loss == "infonce" else loss], repeat(batch))
+    out["end_to_end_fp32"] = (train_step, runs["fp32"], iter(runs["fp32"].loader))
     return out
 
 
@@ -217,6 +224,13 @@ def report(args, seconds: dict[str, list[float]], ctx: dict) -> None:
         emit("end_to_end_vs_model_only", ratio("model_only_infonce", f"end_to_end_{place}"), "x", "model_only",
              augment_on=place, goal=">= 0.85 on a GPU", **ctx)
         emit("data_pairs_per_s", rate(f"data_only_{place}"), "pairs/s", None, augment_on=place, **ctx)
+    import torch
+
+    from medclr.training.loop import native_bf16
+
+    auto = "bf16" if native_bf16(torch.device(args.device)) else "fp32"
+    for kind, auto_run in (("model_only", "model_only_infonce"), ("end_to_end", "end_to_end_loader")):
+        emit(f"{kind}_speedup_auto_vs_fp32", ratio(f"{kind}_fp32", auto_run), "x", "fp32", auto_precision=auto, **ctx)
     for loss in LOSSES:
         if loss != "infonce":
             emit(f"step_ratio_{loss}", ratio(f"model_only_{loss}", "model_only_infonce"), "x", "infonce",

@@ -147,6 +147,20 @@ def test_sampler_global_batches_are_distinct_and_equal_per_rank():
         GlobalBatchSampler(5, 8)
 
 
+def test_auto_precision_is_bf16_on_cpus_with_bf16_hardware():
+    """train.precision=auto: bf16 autocast on a CPU whose flags (read here from /proc/cpuinfo, not from
+    torch) say AVX512-BF16 or AMX, float32 on any other CPU; explicit values are kept."""
+    from medclr.training.loop import _amp
+
+    cpu = torch.device("cpu")
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else None
+    if flags is not None:
+        hardware = "avx512_bf16" in flags or "amx_tile" in flags
+        assert _amp({"train": {"precision": "auto"}}, cpu) == (torch.bfloat16 if hardware else None)
+    assert _amp({"train": {"precision": "fp32"}}, cpu) is None
+    assert _amp({"train": {"precision": "bf16"}}, cpu) == torch.bfloat16
+
+
 def test_config_layers_presets_and_overrides():
     from medclr.training.config import load_config
 
