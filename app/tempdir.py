@@ -11,7 +11,8 @@ folder per process, made with ``tempfile.mkdtemp`` (mode 0700), removed when the
   except ``results/``: an uploaded original is never sent back, not even before it has been read.
 * ``sweep`` removes what is older than the retention time (results, uploads no request ever read,
   the empty ``tmp*`` files Gradio 6.31 leaves per file event); the root itself goes on exit (atexit,
-  and SIGTERM/SIGHUP become a normal exit in ``medclr app``), and a root left by a process that was
+  and SIGTERM/SIGHUP become a normal exit in ``medclr app``, SIGINT a Ctrl-C even when inherited
+  ignored), and a root left by a process that was
   killed outright (SIGKILL, power loss) is removed by the next start in the same base folder.
 """
 
@@ -192,13 +193,18 @@ def start_sweeper(max_age_s: float, every_s: float = 60.0) -> None:
 
 def exit_on_signals(signals=(signal.SIGTERM, signal.SIGHUP)) -> None:
     """Turn these signals into ``SystemExit`` (128 + signal number) so that ``finally`` blocks and atexit
-    run (the default action of SIGTERM ends the process without either). Main thread only."""
+    run (the default action of SIGTERM ends the process without either), and make SIGINT raise
+    ``KeyboardInterrupt`` even where the process inherited it ignored. Main thread only."""
 
     def handler(signum, frame):  # noqa: ARG001
         raise SystemExit(128 + signum)
 
     for s in signals:
         signal.signal(s, handler)
+    # A shell starts `cmd &` (and everything cmd starts) with SIGINT ignored, and Python then keeps it
+    # ignored: `kill -INT` would never stop the app, nor remove its folder (a CI run started in the
+    # background hung in tests/test_app_privacy.py for that reason). Like uvicorn, stop on it anyway.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class RefuseUploadDownloads:

@@ -24,9 +24,11 @@ is fastest, and the queue orders the rest.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
+import time
 import traceback
 
 from medclr.app import hosts, render, tempdir
@@ -42,6 +44,18 @@ from medclr.app.service import MAX_RESULTS, MAX_TEXT_CHARS, AppService, check_te
 from medclr.errors import MedclrError  # noqa: E402
 
 log = logging.getLogger("medclr.app")
+
+SHUTDOWN_GRACE_S = 2  # how long a stopping server lets open responses finish before it cancels them
+
+
+class _NoCancelledTracebacks(logging.Filter):
+    """uvicorn logs each response it cancels at shutdown with a traceback; its one-line count stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
+
+
+_QUIET_CANCEL = _NoCancelledTracebacks()
 
 TITLE = "medclr: chest X-ray findings, grounding and retrieval"
 INTRO = """# medclr chest X-ray assistant
@@ -237,14 +251,35 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = 7860, au
     Files in the private temp folder older than ``keep_minutes`` are removed once a minute; the
     run history (which keeps inputs and outputs in the browser, or in a Hugging Face bucket a user
     connects) is off. Requests for another Host than localhost / the bound address / ``allowed_hosts``,
-    cross-origin requests and oversized bodies are refused (``medclr.app.hosts.HostOriginPolicy``)."""
+    cross-origin requests and oversized bodies are refused (``medclr.app.hosts.HostOriginPolicy``).
+    With ``block``, serves until Ctrl-C, then closes the app (:func:`serve_until_interrupted`)."""
     tempdir.start_sweeper(keep_minutes * 60.0)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     app, url, _ = demo.launch(server_name=host, server_port=port, share=False, auth=auth,
-                              max_file_size=max_file_size, prevent_thread_lock=not block, quiet=True,
+                              max_file_size=max_file_size, prevent_thread_lock=True, quiet=True,
                               show_error=False, css=CSS, footer_links=[], ssr_mode=False, mcp_server=False,
                               inbrowser=False, run_history=False,
                               app_kwargs={"middleware": [
                                   Middleware(hosts.HostOriginPolicy, bound=host, allowed_hosts=allowed_hosts),
                                   Middleware(tempdir.RefuseUploadDownloads)]})
+    # uvicorn's graceful shutdown waits, without limit, for every open response to end; the event stream
+    # of a request still queued never ends once the queue has stopped. Bounded, the server has stopped
+    # before Blocks.close gives up waiting for it (5 s), so before the private folder goes.
+    demo.server.config.timeout_graceful_shutdown = SHUTDOWN_GRACE_S
+    logging.getLogger("uvicorn.error").addFilter(_QUIET_CANCEL)
+    if block:
+        serve_until_interrupted(demo)
     return app, url
+
+
+def serve_until_interrupted(demo: gr.Blocks) -> None:
+    """Block until Ctrl-C (or until the app is closed elsewhere), then close the app. ``Blocks.close`` stops
+    the queue and ends the open event streams before it stops the server; Gradio's own wait
+    (``Blocks.block_thread``) stops only the server on Ctrl-C, which then waits 5 s for such streams."""
+    try:
+        while demo.is_running:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        log.info("app: Ctrl+C, stopping")
+    finally:
+        demo.close(verbose=False)

@@ -276,8 +276,69 @@ def test_folder_goes_on_normal_exit_and_a_killed_process_folder_at_next_start(tm
     assert not made.exists() and not stale.exists() and mine.exists() and other.exists()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
-def test_app_process_removes_its_temp_folder_when_stopped(sig, tmp_path, app_assets, index_dir):  # noqa: F811
+def _open_streams(port: int) -> list[socket.socket]:
+    """What an open browser tab or client may hold while the app stops: an idle keep-alive connection,
+    a session heartbeat, and a response that never ends by itself (Gradio's dev-reload event stream; the
+    event stream of a request still queued when the queue stops is another)."""
+    socks = []
+    for path in ("/config", "/gradio_api/heartbeat/open-tab", "/gradio_api/dev/reload"):
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        assert s.recv(12) == b"HTTP/1.1 200", path
+        socks.append(s)
+    return socks
+
+
+def _ended(s: socket.socket) -> bool:
+    """True once the server has closed the stream (read to its end); False if it is still open after 10 s."""
+    s.settimeout(10)
+    try:
+        while s.recv(1 << 16):
+            pass
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_closing_the_app_ends_open_streams_and_stops_its_server(engine):  # noqa: F811
+    """Blocks.close must leave no server running (it would still answer, and write results, after the
+    private folder is gone), also while clients hold connections open: uvicorn waits for every open response
+    without limit, and Gradio gives up on the server thread after 5 s."""
+    from medclr.app.service import AppService
+    from medclr.app.ui import build_blocks, launch
+
+    demo = build_blocks(AppService(engine, None))
+    port = free_port()
+    launch(demo, port=port, block=False)
+    socks = _open_streams(port)
+    try:
+        demo.close(verbose=False)
+        assert not demo.server.thread.is_alive()
+        assert [_ended(s) for s in socks] == [True, True, True]
+    finally:
+        for s in socks:
+            s.close()
+        demo.close(verbose=False)
+
+
+def _start_app(args: list[str], base: Path, log, sigint_ignored: bool) -> subprocess.Popen:
+    """`medclr app ...`; with ``sigint_ignored`` as a shell starts `medclr app &`: SIGINT ignored, inherited."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None
+    try:
+        return subprocess.Popen([sys.executable, "-m", "medclr", "app", *args], env=_env(base), stdout=log,
+                                stderr=subprocess.STDOUT, cwd=REPO)
+    finally:
+        if sigint_ignored:
+            signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("sig, sigint_ignored", [(signal.SIGTERM, False), (signal.SIGINT, False),
+                                                 (signal.SIGINT, True)],
+                         ids=["SIGTERM", "Ctrl-C", "SIGINT-to-a-background-job"])
+def test_app_process_removes_its_temp_folder_when_stopped(sig, sigint_ignored, tmp_path, app_assets,  # noqa: F811
+                                                          index_dir):  # noqa: F811
+    """Stopped while a client is still connected (a browser tab stays open); SIGINT also stops an app that a
+    shell started in the background (`medclr app &`), which Python would otherwise leave ignoring it."""
     from gradio_client import Client, handle_file
 
     base = tmp_path / "base"
@@ -285,9 +346,9 @@ def test_app_process_removes_its_temp_folder_when_stopped(sig, tmp_path, app_ass
     port = free_port()
     log = tmp_path / "app.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "medclr", "app", "--checkpoint", str(app_assets["checkpoint"]),
-                                 "--index", str(index_dir), "--port", str(port), "--threads", "1"],
-                                env=_env(base), stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = _start_app(["--checkpoint", str(app_assets["checkpoint"]), "--index", str(index_dir), "--port",
+                           str(port), "--threads", "1"], base, fh, sigint_ignored)
+    socks = []
     try:
         url = f"http://127.0.0.1:{port}"
         end = time.time() + 240
@@ -306,9 +367,12 @@ def test_app_process_removes_its_temp_folder_when_stopped(sig, tmp_path, app_ass
         assert folder.name.startswith(f"medclr-app-{proc.pid}-") and Path(image["path"]).is_file()
         assert Path(image["path"]).parent == folder.resolve() / "results"
         assert _leftovers(folder, FAKE_NAME, src.read_bytes()) == []
+        socks = _open_streams(port)
         proc.send_signal(sig)
         code = proc.wait(timeout=60)
     finally:
+        for s in socks:
+            s.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
