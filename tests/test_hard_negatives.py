@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from medclr.data.hard_negatives import KINDS, hard_negatives, is_negated, negate, swap_finding, swap_side
+from medclr.data.hard_negatives import KINDS, hard_negatives, is_negated, negate, short_form, swap_finding, swap_side
 from medclr.losses.hard_negatives import hard_negative_term
 from medclr.prompts import CHEX5_PROMPTS
 
@@ -99,6 +99,33 @@ def test_hard_negatives_never_repeat_the_report_and_follow_kinds():
     assert hard_negatives(report[0], report, ()) == []
     with pytest.raises(ValueError, match="hard negative kinds"):
         hard_negatives(report[0], report, ("synonym",))
+
+
+@pytest.mark.parametrize("sentence, expected", [
+    ("Small left apical pneumothorax.", ["Pneumothorax."]),
+    ("There is a small right pneumothorax.", ["Pneumothorax."]),
+    ("Moderate bilateral pleural effusions.", ["Pleural effusions."]),
+    ("Mild cardiomegaly.", ["Cardiomegaly."]),
+    ("There is no pneumothorax.", ["No pneumothorax."]),
+    ("Pneumothorax is not seen.", ["No pneumothorax."]),
+    ("No evidence of pulmonary edema.", ["No pulmonary edema."]),
+    # a negated list: each finding that stands alone in its item, never one with a qualifier
+    ("No focal consolidation, pleural effusion, or pneumothorax identified.", ["No pleural effusion.", "No pneumothorax."]),
+    ("No pneumonia, effusions, adenopathy or masses.", ["No pneumonia.", "No effusions."]),
+    # nothing the sentence entails about one finding alone
+    ("No large pneumothorax.", [None]),                   # a small one may be there
+    ("No pneumothorax or significant pulmonary edema.", ["No pneumothorax."]),
+    ("The heart is not enlarged.", [None]),
+    ("Possible small left pleural effusion.", [None]),   # hedged
+    ("Small left pleural effusion and atelectasis.", [None]),  # two findings stated
+    ("Heart size normal.", [None]),
+    ("Interval resolution of the pneumothorax.", [None]),
+])
+def test_short_form_is_what_the_sentence_entails_about_one_finding(sentence, expected):
+    made = {short_form(sentence, pick=lambda n, k=k: k % n) for k in range(4)}
+    assert made == set(expected)
+    for text in made - {None}:  # a short form keeps the sentence's polarity
+        assert is_negated(text) == is_negated(sentence)
 
 
 def test_collate_puts_each_hard_negative_after_the_sentences_and_never_the_positive():

@@ -200,6 +200,7 @@ def test_config_layers_presets_and_overrides():
     ("infonce", ["loss.zeta_lr_schedule=cosine"], "config loss.zeta_lr_schedule: not an argument of loss infonce"),
     ("nope", [], "no such file"),
     ("infonce", ["data.augment_on=gpu"], "config data.augment_on 'gpu': expected auto, loader or device"),
+    ("infonce", ["data.short_form=2"], "config data.short_form 2.0: expected a probability in [0, 1]"),
 ])
 def test_bad_config_is_one_clear_line(config, overrides, message):
     from medclr.training.config import load_config
@@ -231,6 +232,21 @@ def test_dataset_is_a_function_of_seed_epoch_index(tiny, tmp_path):
         assert item["eta"] == pytest.approx(want[item["sentence"]])
     assert not torch.equal(ds[(0, 5)]["image"], ds[(1, 5)]["image"])  # a new crop each epoch
     assert torch.equal(ds[5]["image"], ds[5]["image"])                  # the eval view is fixed
+
+    # data.short_form=1: every drawn sentence with a short form is replaced by it and keeps its eta
+    short = {"Pleural effusion.": 0.1, "No pleural effusion.": 0.3, "The heart size is normal.": 0.2,
+             "The lungs are clear.": 0.4}
+    cfg = load_config("dcl_lm", [*TINY, f"data.manifest={manifest}", f"data.eta={tmp_path / 'eta.parquet'}", "out=o",
+                                 "data.short_form=1", "hard_negatives.weight=1"])
+    ds = PairDataset(table, cfg)
+    drawn = [ds[(e, i)] for e in range(4) for i in range(len(table))]
+    assert {it["sentence"] for it in drawn} <= set(short) and {"Pleural effusion.", "No pleural effusion."} <= \
+        {it["sentence"] for it in drawn}
+    for it in drawn:
+        assert it["eta"] == pytest.approx(short[it["sentence"]])
+        if it["sentence"] == "Pleural effusion.":  # its hard negatives are made from the short form
+            assert "No pleural effusion." in it["hard"]
+    assert ds[5]["sentence"] in sents  # the eval view keeps the report's own sentence
 
     # dcl_true: eta = the pair's ground-truth class probability (manifest column latent_class_prob)
     from medclr.data.manifest import read_manifest, write_manifest

@@ -258,6 +258,8 @@ def validate(cfg: dict) -> dict:
     if not 0 < float(cfg["data"]["other_sentence_weight"]) <= 1:
         raise MedclrError(f"config data.other_sentence_weight {cfg['data']['other_sentence_weight']!r}: expected a "
                           "number in (0, 1]")
+    if not isinstance(cfg["data"]["short_form"], (int, float)) or not 0 <= cfg["data"]["short_form"] <= 1:
+        raise MedclrError(f"config data.short_form {cfg['data']['short_form']!r}: expected a probability in [0, 1]")
     from medclr.data.hard_negatives import KINDS
 
     kinds = cfg["hard_negatives"]["kinds"]

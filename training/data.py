@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from medclr.data.hard_negatives import hard_negatives
+from medclr.data.hard_negatives import hard_negatives, short_form
 from medclr.errors import MedclrError
 from medclr.geometry import centre_crop, resize_shorter_side
 from medclr.training.augment import drawn_parameters, unit_float
@@ -276,6 +276,7 @@ class PairDataset(torch.utils.data.Dataset):
         self.sentence_p = sentence_probabilities(table.sentences, d["sentence_sampling"], float(d["other_sentence_weight"]))
         hn = cfg["hard_negatives"]
         self.hard_kinds = tuple(hn["kinds"]) if float(hn["weight"]) > 0 else ()
+        self.short_form = float(d["short_form"])
         self.crop = int(d["crop"])
         self.random = _random_transform(self.crop, d.get("aug") or {})
         # resize/dtype ride along in each item so that the disk cache's key (a hash of the item)
@@ -320,14 +321,18 @@ class PairDataset(torch.utils.data.Dataset):
             rng = np.random.default_rng(int(s_seed))
             p = None if self.sentence_p is None else self.sentence_p[i]
             j = int(rng.integers(len(self.table.sentences[i])) if p is None else rng.choice(len(p), p=p))
-            hard = hard_negatives(self.table.sentences[i][j], self.table.sentences[i], self.hard_kinds,
+            sentence = self.table.sentences[i][j]
+            if self.short_form > 0 and rng.random() < self.short_form:
+                # the pair keeps its sentence's eta: the short form names the same finding
+                sentence = short_form(sentence, pick=lambda n: int(rng.integers(n))) or sentence
+            hard = hard_negatives(sentence, self.table.sentences[i], self.hard_kinds,
                                   pick=lambda n: int(rng.integers(n))) if self.hard_kinds else []
             img, augment = self._training_view(i, int(t_seed))
         else:
             i, j, hard, augment = int(key), 0, [], None
+            sentence = self.table.sentences[i][j]
             img = centre_crop(_plain(unit_float(self.images[i]["image"])), self.crop)
-        item = {"image": img.contiguous(), "sentence": self.table.sentences[i][j], "index": i,
-                "eta": self._eta(i, j), "hard": hard}
+        item = {"image": img.contiguous(), "sentence": sentence, "index": i, "eta": self._eta(i, j), "hard": hard}
         return item if augment is None else {**item, "augment": augment}
 
     def _training_view(self, i: int, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:

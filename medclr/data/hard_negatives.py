@@ -201,6 +201,46 @@ def swap_side(sentence: str, report: list[str]) -> str | None:
     return _SIDES[named[0]].sub(lambda m: _same_case(m.group(0), other), " ".join(sentence.split()))
 
 
+# Words an item of a negated list may hold beside its finding for "No X, Y or Z." to entail "No X.":
+# "No large pneumothorax." does not entail "No pneumothorax.", so an item with another word stays whole.
+_LIST_WORDS = frozenset(
+    "no there is are was were evidence of for sign signs seen identified visible visualized visualised apparent "
+    "evident demonstrated present noted not the a an".split())
+_LIST_SPLIT = re.compile(r",|;|\b(?:or|and|nor)\b", re.IGNORECASE)
+
+
+def short_form(sentence: str, pick=lambda n: 0) -> str | None:
+    """The shortest sentence ``sentence`` entails about one finding it names, or None.
+
+    A clean statement naming one finding becomes that finding's mention ("Small left apical
+    pneumothorax." -> "Pneumothorax."): dropping a stated finding's modifiers keeps it true. A clean
+    negation becomes "No " + one finding of its list that stands alone in its item (``pick(n)``
+    chooses): "No focal consolidation, pleural effusion, or pneumothorax." -> "No pneumothorax." or
+    "No pleural effusion.", never "No consolidation." Reports state and deny findings at length;
+    zero-shot prompts ("Pneumothorax" / "No pneumothorax", the paper's Table 2) are a few words, a
+    form the text tower otherwise rarely sees paired with an image.
+    """
+    text = " ".join(str(sentence).split())
+    found = [(f, m) for f, (p, _) in FINDINGS.items() for m in [p.search(text)] if m is not None]
+    if not found:
+        return None
+    if is_negated(text):
+        if negate(text) is None:
+            return None
+        alone = []
+        for item in _LIST_SPLIT.split(_END.sub("", text)):
+            for pattern, _ in FINDINGS.values():
+                m = pattern.search(item)
+                if m is None or is_negated(m.group(0)):  # not "heart is not enlarged"
+                    continue
+                if not set(re.findall(r"[a-z]+", (item[:m.start()] + item[m.end():]).lower())) - _LIST_WORDS:
+                    alone.append(m.group(0))
+        return "No " + _lower_first(alone[pick(len(alone))]) + "." if alone else None
+    if len(found) != 1 or not _states(text):
+        return None
+    return _cap(found[0][1].group(0)) + "."
+
+
 def hard_negatives(sentence: str, report: list[str], kinds=KINDS, pick=lambda n: 0) -> list[str]:
     """The hard negative texts of ``sentence`` (drawn from ``report``), in ``kinds`` order, each
     different from every sentence of the report."""
@@ -218,5 +258,5 @@ def hard_negatives(sentence: str, report: list[str], kinds=KINDS, pick=lambda n:
     return out
 
 
-__all__ = ["FINDINGS", "KINDS", "hard_negatives", "is_negated", "negate",
+__all__ = ["FINDINGS", "KINDS", "hard_negatives", "is_negated", "negate", "short_form",
            "stated_findings", "states_finding", "swap_finding", "swap_side"]
