@@ -89,3 +89,5 @@ def test_demo_trains_the_preset_the_machine_can_afford(monkeypatch):
     train = next(s for s in plan(Path("w"), args) if s.command == "train")
     assert "preset=gpu_small" in train.argv
     assert preset(argparse.Namespace(preset="cpu_small")) == "cpu_small"
+    zs = argparse.Namespace(**{**vars(args), "preset": "cpu_zeroshot"})
+    assert "preset=cpu_zeroshot" in next(s for s in plan(Path("w"), zs) if s.command == "train").argv

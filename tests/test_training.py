@@ -182,11 +182,12 @@ def test_config_layers_presets_and_overrides():
     assert gpu["data"]["sentence_sampling"] == "findings" and gpu["hard_negatives"]["weight"] == 1.0
     assert gpu["train"]["max_steps"] == 300 and load_config("dcl_0.05", ["data.manifest=m", "out=o", "preset=gpu_small"]
                                                              )["train"]["max_steps"] == 2500
-    # cpu_zeroshot extends cpu_small: the hard-negative term, rare-finding draws and 600 steps on top
+    # cpu_zeroshot extends cpu_small: the hard-negative term, rare-finding draws, short forms and 1,000 steps on top
     zs = load_config("infonce", ["data.manifest=m", "out=o", "preset=cpu_zeroshot"])
     assert zs["data"]["crop"] == 64 and zs["model"]["output_stride"] == 8 and zs["hard_negatives"]["weight"] == 1.0
     assert zs["data"]["study_sampling"] == "findings" and zs["data"]["study_balance"] == 1.0
-    assert zs["train"]["max_steps"] == 600 == zs["ckpt"]["every"]
+    assert zs["data"]["short_form"] == 0.3 and cfg["data"]["short_form"] == 0.0
+    assert zs["train"]["max_steps"] == 1000 == zs["ckpt"]["every"]
 
 
 @pytest.mark.parametrize("config, overrides, message", [
