@@ -1,4 +1,5 @@
-"""Rule hard negatives of report sentences: negation, another finding, the other side.
+"""Rule rewrites of report sentences: hard negatives (negation, another finding, the other side) and
+short forms (:func:`short_form`: "Small left apical pneumothorax." -> "Pneumothorax.", a positive view).
 
 Three kinds, each a sentence that states something the image does not show:
 
