@@ -1,7 +1,7 @@
 """Rule rewrites of report sentences: hard negatives (negation, another finding, the other side) and
 short forms (:func:`short_form`: "Small left apical pneumothorax." -> "Pneumothorax.", a positive view).
 
-Three kinds, each a sentence that states something the image does not show:
+Hard negatives come in three kinds, each a sentence that states something the image does not show:
 
 * ``negation`` (:func:`negate`): the same sentence with its polarity flipped;
 * ``finding`` (:func:`swap_finding`): a stated finding replaced by one the report does not state
