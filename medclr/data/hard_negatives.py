@@ -222,7 +222,7 @@ def short_form(sentence: str, pick=lambda n: 0) -> str | None:
     form the text tower otherwise rarely sees paired with an image.
     """
     text = " ".join(str(sentence).split())
-    found = [(f, m) for f, (p, _) in FINDINGS.items() for m in [p.search(text)] if m is not None]
+    found = [m for pattern, _ in FINDINGS.values() if (m := pattern.search(text))]
     if not found:
         return None
     if is_negated(text):
@@ -239,7 +239,7 @@ def short_form(sentence: str, pick=lambda n: 0) -> str | None:
         return "No " + _lower_first(alone[pick(len(alone))]) + "." if alone else None
     if len(found) != 1 or not _states(text):
         return None
-    return _cap(found[0][1].group(0)) + "."
+    return _cap(found[0].group(0)) + "."
 
 
 def hard_negatives(sentence: str, report: list[str], kinds=KINDS, pick=lambda n: 0) -> list[str]:
