@@ -248,6 +248,8 @@ def test_dataset_is_a_function_of_seed_epoch_index(tiny, tmp_path):
         if it["sentence"] == "Pleural effusion.":  # its hard negatives are made from the short form
             assert "No pleural effusion." in it["hard"]
     assert ds[5]["sentence"] in sents  # the eval view keeps the report's own sentence
+    # the sentence draw alone (no image read) replays what each training view paired
+    assert [ds.training_sentence(e, i)[1] for e in range(4) for i in range(len(table))] == [it["sentence"] for it in drawn]
 
     # dcl_true: eta = the pair's ground-truth class probability (manifest column latent_class_prob)
     from medclr.data.manifest import read_manifest, write_manifest

@@ -315,16 +315,7 @@ class PairDataset(torch.utils.data.Dataset):
     def __getitem__(self, key):
         if isinstance(key, tuple):
             epoch, i = int(key[0]), int(key[1])
-            # Two independent streams per (seed, epoch, item): the sentence and the image view.
-            ss = np.random.SeedSequence([self.seed, epoch, i])
-            s_seed, t_seed = ss.generate_state(2)
-            rng = np.random.default_rng(int(s_seed))
-            p = None if self.sentence_p is None else self.sentence_p[i]
-            j = int(rng.integers(len(self.table.sentences[i])) if p is None else rng.choice(len(p), p=p))
-            sentence = self.table.sentences[i][j]
-            if self.short_form > 0 and rng.random() < self.short_form:
-                # the pair keeps its sentence's eta: the short form names the same finding
-                sentence = short_form(sentence, pick=lambda n: int(rng.integers(n))) or sentence
+            j, sentence, rng, t_seed = self._draw_sentence(epoch, i)
             hard = hard_negatives(sentence, self.table.sentences[i], self.hard_kinds,
                                   pick=lambda n: int(rng.integers(n))) if self.hard_kinds else []
             img, augment = self._training_view(i, int(t_seed))
@@ -334,6 +325,25 @@ class PairDataset(torch.utils.data.Dataset):
             img = centre_crop(_plain(unit_float(self.images[i]["image"])), self.crop)
         item = {"image": img.contiguous(), "sentence": sentence, "index": i, "eta": self._eta(i, j), "hard": hard}
         return item if augment is None else {**item, "augment": augment}
+
+    def training_sentence(self, epoch: int, i: int) -> tuple[int, str]:
+        """(j, text) of the sentence that training view (epoch, i) pairs with image i, without
+        reading the image: which report sentence a visit drew (bench/paper_replication.py keys
+        NUCLR's per-sample popularity by it)."""
+        j, sentence, _, _ = self._draw_sentence(int(epoch), int(i))
+        return j, sentence
+
+    def _draw_sentence(self, epoch: int, i: int) -> tuple[int, str, np.random.Generator, int]:
+        # Two independent streams per (seed, epoch, item): the sentence and the image view.
+        s_seed, t_seed = np.random.SeedSequence([self.seed, epoch, i]).generate_state(2)
+        rng = np.random.default_rng(int(s_seed))
+        p = None if self.sentence_p is None else self.sentence_p[i]
+        j = int(rng.integers(len(self.table.sentences[i])) if p is None else rng.choice(len(p), p=p))
+        sentence = self.table.sentences[i][j]
+        if self.short_form > 0 and rng.random() < self.short_form:
+            # the pair keeps its sentence's eta: the short form names the same finding
+            sentence = short_form(sentence, pick=lambda n: int(rng.integers(n))) or sentence
+        return j, sentence, rng, int(t_seed)
 
     def _training_view(self, i: int, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(random crop, None) augmented here, or (crop in the cache's dtype, its intensity parameters)."""
