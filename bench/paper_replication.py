@@ -20,7 +20,7 @@ Runs go `workers` at a time as `medclr` subprocesses (logs under WORK/logs). Eac
 cached under WORK: a killed replication resumes where it stopped (a run interrupted mid-training is
 retrained). One JSON line per run on stdout, then one per claim.
 
-    python bench/paper_replication.py --quick            # 2-core CPU, under an hour from a clean clone
+    python bench/paper_replication.py --quick            # 2-core CPU, ~1 hour from a clean clone (61 min)
     python bench/paper_replication.py --work /data/rep   # full preset, sized for one GPU
 """
 
@@ -68,13 +68,14 @@ DCL_ETAS = {"DCL eta=0.01": 0.01, "DCL eta=0.05": 0.05, "DCL eta=0.1": 0.1, "DCL
 CLAIM_METHODS = [m for m in METHODS if m not in ("DeCL", "t-InfoNCE")]
 
 PRESETS = {
-    # 2-core CPU, under an hour from a clean clone: the default preset's model (cpu_small: ResNet-18 to
+    # 2-core CPU, about an hour from a clean clone: the default preset's model (cpu_small: ResNet-18 to
     # layer3 at 64 px, LSE+NL head on an 8x8 grid, finding sentences, the demo's LM), batch 32 for 240
     # steps (~3 epochs; on this machine batch 32 trains the head further per second than batch 64: CNR
     # 0.95 at 300 steps of 32 against 0.82 at 150 steps of 64, the same three minutes), two runs at a time
     # with one thread each (1.25x the throughput of one two-thread run; a run's numerics do not depend on
     # the other's load). 9 methods x 3 seeds + the imbalance sweep at r = 0.1 (InfoNCE, DCL-eta_LM, 3
-    # seeds): 33 runs of ~3 min each (train ~2.3, eval ~0.7), ~50 min, plus ~5 min for the data.
+    # seeds): 33 runs of 190-237 s each; measured from a clean clone: 61.1 min with 7.5 min for the data
+    # (docs/RESULTS.md), 1.1 min over the hour it was sized for.
     "quick": {"n": 3000, "seeds": [0, 1, 2], "steps": 240, "workers": 2, "threads": 1, "sweep_r": [0.1],
               "sweep_methods": ["InfoNCE", "DCL-eta_LM"], "sweep_seeds": [0, 1, 2], "methods": CLAIM_METHODS,
               "train": ["preset=cpu_small", "train.batch_size=32", "ckpt.every={steps}", "val.every=null",
@@ -475,7 +476,7 @@ def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, sweep:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the 2-core CPU preset (under an hour)")
+    ap.add_argument("--quick", action="store_true", help="the 2-core CPU preset (~1 hour: 61 min measured)")
     ap.add_argument("--work", type=Path, default=None, help="cache of data and runs (default /tmp/medclr_replication_PRESET)")
     ap.add_argument("--docs", type=Path, default=REPO / "docs", help="where RESULTS.md and img/ go")
     ap.add_argument("--methods", default=None, help="comma-separated subset of: " + ", ".join(METHODS))
