@@ -128,16 +128,28 @@ def imbalanced_manifest(work: Path, r: float, seed: int) -> Path:
     return out
 
 
-def medclr_subprocess(argv: list[str], log: Path, threads: int) -> None:
-    """`medclr ARGV` in its own process (runs go side by side), output to LOG; one line on failure."""
+# One process per run: train then eval, so torch and transformers are imported once a run, not twice.
+RUN_COMMANDS = """import json, sys
+from medclr.cli import main
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    if code:
+        sys.exit(f"`medclr {argv[0]}` failed (exit {code})")
+"""
+
+
+def medclr_process(commands: list[list[str]], log: Path, threads: int) -> None:
+    """`medclr ARGV` for each ARGV in order, in one process of its own (runs go side by side), output to
+    LOG; one line on failure."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with open(log, "w") as fh:
-        code = subprocess.run([sys.executable, "-m", "medclr", *argv], stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
+        code = subprocess.run([sys.executable, "-c", RUN_COMMANDS, json.dumps(commands)], stdout=fh,
+                              stderr=subprocess.STDOUT, env=env).returncode
     if code != 0:
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise SystemExit(f"`medclr {' '.join(argv[:1])}` failed (exit {code}) for {log.parent}: {tail[0]}")
+        raise SystemExit(f"run {log.stem} failed (exit {code}): {tail[0]}")
 
 
 def train_and_eval(work: Path, run: Path, label: str, seed: int, manifest: Path, cfg: dict) -> dict:
@@ -145,19 +157,18 @@ def train_and_eval(work: Path, run: Path, label: str, seed: int, manifest: Path,
     metrics = run / "eval" / "metrics.json"
     start = time.perf_counter()
     if not metrics.exists():
+        commands = []
         if not (run / "model.safetensors").exists():
             shutil.rmtree(run, ignore_errors=True)  # a half-trained run is retrained from scratch
-            run.mkdir(parents=True)
             config, extra = METHODS[label]
-            medclr_subprocess(["train", "--config", config, *[o.format(work=work, steps=cfg["steps"]) for o in cfg["train"]],
-                               f"train.max_steps={cfg['steps']}", "train.max_minutes=null", "log.progress=false",
-                               f"seed={seed}", f"data.manifest={manifest}", f"data.eta={work / 'eta.parquet'}",
-                               f"model.text={work / 'lm'}", f"out={run}", *extra,
-                               *(["loss.freeze_zeta_epochs=0.25"] if config == "nuclr" else [])],
-                              work / "logs" / f"{run.parent.name}_{run.name}_train.log", cfg["threads"])
-        medclr_subprocess(["eval", "--checkpoint", str(run), "--data", str(work / "manifest.parquet"), "--out",
-                           str(run / "eval"), "--seed", str(seed), *cfg["eval"]],
-                          work / "logs" / f"{run.parent.name}_{run.name}_eval.log", cfg["threads"])
+            commands.append(["train", "--config", config, *[o.format(work=work, steps=cfg["steps"]) for o in cfg["train"]],
+                             f"train.max_steps={cfg['steps']}", "train.max_minutes=null", "log.progress=false",
+                             f"seed={seed}", f"data.manifest={manifest}", f"data.eta={work / 'eta.parquet'}",
+                             f"model.text={work / 'lm'}", f"out={run}", *extra,
+                             *(["loss.freeze_zeta_epochs=0.25"] if config == "nuclr" else [])])
+        commands.append(["eval", "--checkpoint", str(run), "--data", str(work / "manifest.parquet"), "--out",
+                         str(run / "eval"), "--seed", str(seed), *cfg["eval"]])
+        medclr_process(commands, work / "logs" / f"{run.parent.name}_{run.name}.log", cfg["threads"])
     timing = run / "seconds.txt"  # the run's own train + eval time, kept for reruns that reuse it
     if not timing.exists():
         timing.write_text(f"{time.perf_counter() - start:.1f}\n")
