@@ -176,7 +176,8 @@ def train_and_eval(work: Path, run: Path, label: str, seed: int, manifest: Path,
     summary, per_class = result["summary"], result.get("zeroshot", {}).get("per_class", {})
     row = {"method": label, "seed": seed, **{m: summary.get(m) for m in METRICS},
            **{f"AUC {c}": v.get("AUC") for c, v in per_class.items()}, "seconds": float(timing.read_text())}
-    print(json.dumps(row), flush=True)
+    sys.stdout.write(json.dumps(row) + "\n")  # one write: the worker threads print side by side
+    sys.stdout.flush()
     return row
 
 
