@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 from medclr.app.demo import plan as demo_plan  # noqa: E402  (the demo's data steps: phantom, manifest, LM, eta)
 from medclr.cli import main as medclr_main  # noqa: E402
 from medclr.evaluation.report import SUMMARY_KEYS  # noqa: E402
-from medclr.evaluation.seeds import paired_difference  # noqa: E402
+from medclr.evaluation.seeds import paired_difference, pooled  # noqa: E402
 from medclr.phantom.vocab import EVAL_PER_CLASS  # noqa: E402  (the evaluation sets: the test split)
 
 # label -> (training config, extra overrides). Constant-eta DCL labels carry their eta for the curve.
@@ -199,8 +199,8 @@ def sentence_classes(work: Path) -> dict[int, dict[str, str]]:
     return out
 
 
-def paired_sentence_key(run: Path, classes: dict[int, dict[str, str]]) -> tuple[np.ndarray, np.ndarray]:
-    """(zeta_txt, key) per training sample of a NUCLR run, key = the zeta-step-weighted mean, over the
+def paired_sentence_key(run: Path, classes: dict[int, dict[str, str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(zeta_txt, key, manifest index) per training sample of a NUCLR run, key = the zeta-step-weighted mean, over the
     sample's visits after the freeze, of log(frequency of the class of the sentence paired at that visit).
 
     zeta_j moves by -lr_t * g_j at every visit (an accumulated sum, not a moving average), and g_j at a
@@ -239,13 +239,12 @@ def paired_sentence_key(run: Path, classes: dict[int, dict[str, str]]) -> tuple[
     g = v.groupby("i")[["wl", "w"]].sum()
     key = np.full(len(table), np.nan)
     key[g.index.to_numpy()] = (g["wl"] / g["w"]).to_numpy()
-    return state["zeta_txt"].astype(np.float64), key
+    return state["zeta_txt"].astype(np.float64), key, table.manifest_index
 
 
 def nuclr_popularity(work: Path, runs: list[Path]) -> dict:
     """Spearman of NUCLR's learned zeta_txt with the true class frequency, per seed, under two keys:
     the sentences actually paired with each sample (paired_sentence_key) and the study's latent class."""
-    from safetensors.numpy import load_file
     from scipy.stats import spearmanr
 
     from medclr.data.manifest import read_manifest
@@ -254,10 +253,9 @@ def nuclr_popularity(work: Path, runs: list[Path]) -> dict:
     study = read_manifest(work / "manifest.parquet").set_index("index")["latent_class_prob"]
     out, points = {"sentence": [], "study": []}, None
     for run in runs:
-        zeta, key = paired_sentence_key(run, classes)
+        zeta, key, index = paired_sentence_key(run, classes)
         ok = np.isfinite(key)
         out["sentence"].append(float(spearmanr(zeta[ok], key[ok])[0]))
-        index = load_file(str(run / "loss_state.safetensors"))["sample_manifest_index"]
         out["study"].append(float(spearmanr(zeta, np.log(study.loc[index].to_numpy(dtype=np.float64)))[0]))
         if points is None:
             points = (key[ok], zeta[ok])
@@ -329,7 +327,7 @@ def claims(rows: pd.DataFrame, table: pd.DataFrame, pop: dict | None) -> list[di
     if pop:
         for key in ("sentence", "study"):
             rho = pop["spearman"][key]
-            d = paired_difference(rho, [0.0] * len(rho))
+            d = pooled(rho)  # mean Spearman over seeds, Student-t CI
             out.append({"claim": f"zeta rank-correlates with class frequency ({key} key)", "a": "Spearman",
                         "b": "0", "metric": "rho", **d, "verdict": verdict(d)})
     return out
