@@ -20,7 +20,7 @@ Runs go `workers` at a time as `medclr` subprocesses (logs under WORK/logs). Eac
 cached under WORK: a killed replication resumes where it stopped (a run interrupted mid-training is
 retrained). One JSON line per run on stdout, then one per claim.
 
-    python bench/paper_replication.py --quick            # 2-core CPU, ~1 hour from a clean clone (61 min)
+    python bench/paper_replication.py --quick            # 2-core CPU, ~1 hour from a clean clone (49 min)
     python bench/paper_replication.py --work /data/rep   # full preset, sized for one GPU
 """
 
@@ -74,8 +74,8 @@ PRESETS = {
     # 0.95 at 300 steps of 32 against 0.82 at 150 steps of 64, the same three minutes), two runs at a time
     # with one thread each (1.25x the throughput of one two-thread run; a run's numerics do not depend on
     # the other's load). 9 methods x 3 seeds + the imbalance sweep at r = 0.1 (InfoNCE, DCL-eta_LM, 3
-    # seeds): 33 runs of 190-237 s each; measured from a clean clone: 61.1 min with 7.5 min for the data
-    # (docs/RESULTS.md), 1.1 min over the hour it was sized for.
+    # seeds): 33 runs of 145-184 s each; measured from a clean clone: 48.8 min with 4.9 min for the data
+    # (docs/RESULTS.md).
     "quick": {"n": 3000, "seeds": [0, 1, 2], "steps": 240, "workers": 2, "threads": 1, "sweep_r": [0.1],
               "sweep_methods": ["InfoNCE", "DCL-eta_LM"], "sweep_seeds": [0, 1, 2], "methods": CLAIM_METHODS,
               "train": ["preset=cpu_small", "train.batch_size=32", "ckpt.every={steps}", "val.every=null",
@@ -486,7 +486,7 @@ def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, sweep:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the 2-core CPU preset (~1 hour: 61 min measured)")
+    ap.add_argument("--quick", action="store_true", help="the 2-core CPU preset (~1 hour: 49 min measured)")
     ap.add_argument("--work", type=Path, default=None, help="cache of data and runs (default /tmp/medclr_replication_PRESET)")
     ap.add_argument("--docs", type=Path, default=REPO / "docs", help="where RESULTS.md and img/ go")
     ap.add_argument("--methods", default=None, help="comma-separated subset of: " + ", ".join(METHODS))
