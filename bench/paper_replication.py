@@ -414,6 +414,23 @@ def ci(d: dict, digits: int = 3) -> str:
     return f"{d['mean']:+.{digits}f} [{d['ci_low']:+.{digits}f}, {d['ci_high']:+.{digits}f}]"
 
 
+def imbalance_section(sweep: pd.DataFrame, seeds: list[int]) -> list[str]:
+    lines = ["## Class imbalance (the paper's Fig. 2)", "",
+             "Training split with each non-normal study kept with probability r (the phantom's CIFAR10-r; the "
+             "true class probabilities, and so DCL-eta_True's eta, recomputed), same steps, seeds "
+             f"{seeds}; r = 1 is the runs above.", "",
+             "| r | Method | AUC | CNR | Recall |", "|---|---|---|---|---|"]
+    for (r, label), g in sweep.groupby(["r", "method"], sort=False):
+        lines.append(f"| {r:g} | {label} | " + " | ".join(f"{g[m].mean():.3f} ± {g[m].std(ddof=1):.3f}"
+                                                        for m in ("AUC", "CNR", "Recall")) + " |")
+    if {"InfoNCE", "DCL-eta_LM"} <= set(sweep["method"]):
+        lines += ["", "DCL-eta_LM − InfoNCE at each r (paired over seeds):", ""]
+        for r, g in sweep.groupby("r", sort=False):
+            cells = [f"{m} {ci(paired(g, 'DCL-eta_LM', 'InfoNCE', m))}" for m in ("AUC", "CNR", "Recall")]
+            lines.append(f"- r = {r:g}: " + "; ".join(cells))
+    return lines + ["", "![imbalance](img/results_imbalance.png)", ""]
+
+
 def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, sweep: pd.DataFrame, verdicts: list[dict],
                   pop: dict | None, calib: dict, positives: dict[str, int], wall_min: float) -> None:
     old = path.read_text() if path.exists() else ""
@@ -450,20 +467,9 @@ def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, sweep:
         lines.append(f"| {label} | " + " | ".join(f"{g[c].mean():.2f} ± {g[c].std(ddof=1):.2f}" for c in classes) + " |")
     lines += ["", "![eta trade-off](img/results_eta_tradeoff.png)", "",
               "*The debiasing paper's Fig. 3 on the phantom: constant-eta DCL against eta (± sd over seeds); lines: "
-              "InfoNCE, DCL-eta_LM, the DCL-eta_True oracle.*", "", "## Class imbalance (the paper's Fig. 2)", "",
-              "Training split with each non-normal study kept with probability r (the phantom's CIFAR10-r; the "
-              "true class probabilities, and so DCL-eta_True's eta, recomputed), same steps, seeds "
-              f"{cfg['sweep_seeds']}; r = 1 is the runs above.", "",
-              "| r | Method | AUC | CNR | Recall |", "|---|---|---|---|---|"]
-    for (r, label), g in sweep.groupby(["r", "method"], sort=False):
-        lines.append(f"| {r:g} | {label} | " + " | ".join(f"{g[m].mean():.3f} ± {g[m].std(ddof=1):.3f}"
-                                                        for m in ("AUC", "CNR", "Recall")) + " |")
-    if {"InfoNCE", "DCL-eta_LM"} <= set(sweep["method"]):
-        lines += ["", "DCL-eta_LM − InfoNCE at each r (paired over seeds):", ""]
-        for r, g in sweep.groupby("r", sort=False):
-            cells = [f"{m} {ci(paired(g, 'DCL-eta_LM', 'InfoNCE', m))}" for m in ("AUC", "CNR", "Recall")]
-            lines.append(f"- r = {r:g}: " + "; ".join(cells))
-    lines += ["", "![imbalance](img/results_imbalance.png)", ""]
+              "InfoNCE, DCL-eta_LM, the DCL-eta_True oracle.*", ""]
+    if cfg["sweep_r"]:
+        lines += imbalance_section(sweep, cfg["sweep_seeds"])
     if pop:
         s, st = pop["spearman"]["sentence"], pop["spearman"]["study"]
         lines += ["## NUCLR popularity against the true class frequency (its Fig. 5)", "",
@@ -493,6 +499,9 @@ def main() -> int:
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per run (overrides the preset)")
     ap.add_argument("--workers", type=int, default=None, help="runs at a time (quick: 2, one thread each)")
+    ap.add_argument("--sweep-r", default=None,
+                    help="comma-separated fractions r of the imbalance sweep (quick: 0.1; full: 0.5,0.2,0.1,0.05); "
+                         "'none' skips the sweep")
     args = ap.parse_args()
     t0 = time.perf_counter()
     preset = "quick" if args.quick else "full"
@@ -509,6 +518,8 @@ def main() -> int:
         cfg["steps"] = args.steps
     if args.workers:
         cfg["workers"] = args.workers
+    if args.sweep_r:
+        cfg["sweep_r"] = [] if args.sweep_r == "none" else [float(r) for r in args.sweep_r.split(",")]
     work = args.work or Path(f"/tmp/medclr_replication_{preset}")
     (work / "logs").mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -535,7 +546,8 @@ def main() -> int:
     img = args.docs / "img"
     img.mkdir(parents=True, exist_ok=True)
     plot_eta_tradeoff(table, img / "results_eta_tradeoff.png")
-    plot_imbalance(sweep, img / "results_imbalance.png")
+    if cfg["sweep_r"]:
+        plot_imbalance(sweep, img / "results_imbalance.png")
     if pop:
         plot_popularity(pop["points"], pop["spearman"]["sentence"][0], img / "results_nuclr_popularity.png")
     if {"NUCLR", "SogCLR"} <= set(rows["method"]):
