@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -431,21 +432,21 @@ def imbalance_section(sweep: pd.DataFrame, seeds: list[int]) -> list[str]:
     return lines + ["", "![imbalance](img/results_imbalance.png)", ""]
 
 
-def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, sweep: pd.DataFrame, verdicts: list[dict],
-                  pop: dict | None, calib: dict, positives: dict[str, int], wall_min: float) -> None:
+def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.DataFrame, sweep: pd.DataFrame,
+                  verdicts: list[dict], pop: dict | None, calib: dict, positives: dict[str, int], wall_min: float) -> None:
     old = path.read_text() if path.exists() else ""
     reading = old.split(READING_MARK, 1)[1] if READING_MARK in old else "\n## Reading\n\n(not written yet)\n"
     table = mean_sd(rows)
     train = [o.format(work="WORK", steps=cfg["steps"]) for o in cfg["train"] if not o.startswith(("data.cache", "ckpt", "val"))]
     run_min = (rows["seconds"].sum() + sweep.loc[sweep["r"] != 1.0, "seconds"].sum()) / 60
     lines = ["# Results: the papers' claims on CXR-Phantom", "",
-             f"Produced by `python bench/paper_replication.py{' --quick' if preset == 'quick' else ''}` (preset `{preset}`): "
+             f"Produced by `{command}` (preset `{preset}`): "
              f"{cfg['n']} phantom studies; every method trained through the LSE+NL head for {cfg['steps']} steps "
              f"({' '.join(train)}), seeds {cfg['seeds']}, same data, LM and eta table, only the loss differs; "
              f"{len(rows) + int((sweep['r'] != 1.0).sum())} runs, {cfg['workers']} at a time; "
              f"**{wall_min:.0f} min wall time** for the whole script including the data ({run_min:.0f} min of "
              "train + eval summed over runs). Evaluated on the phantom's test split (CheX5 zero-shot AUC with the "
-             "paper's prompts, MS-CXR-format grounding CNR/mIoU, box-sentence retrieval Recall@10/MedR; "
+             "paper's prompts, MS-CXR-format grounding CNR/mIoU, box-sentence retrieval Recall (mean of R@10/50/100) and MedR; "
              "docs/evaluation.md). Mean ± sd over seeds; paired differences are over the same seeds with a "
              "Student-t 95 % CI.", "",
              "## The claims", "",
@@ -488,6 +489,19 @@ def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, sweep:
               "docs/lm.md explains the two levels).", "", "![eta_LM calibration](img/results_eta_lm.png)", "",
               READING_MARK]
     path.write_text("\n".join(lines) + reading)
+
+
+def shown_command(argv: list[str]) -> str:
+    """The command line as RESULTS.md shows it: every option that changes a number, no local paths."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--work", "--docs"):
+            skip = True
+        elif not a.startswith(("--work=", "--docs=")):
+            kept.append(a)
+    return shlex.join(["python", "bench/paper_replication.py", *kept])
 
 
 def main() -> int:
@@ -555,7 +569,8 @@ def main() -> int:
     shutil.copyfile(work / "calibration" / "calibration.png", img / "results_eta_lm.png")
     all_rows.to_csv(work / "runs.csv", index=False)
     wall = (time.perf_counter() - t0) / 60
-    write_results(args.docs / "RESULTS.md", preset, cfg, rows, sweep, verdicts, pop, calib, count_test_positives(work), wall)
+    write_results(args.docs / "RESULTS.md", preset, shown_command(sys.argv[1:]), cfg, rows, sweep, verdicts, pop, calib,
+                  count_test_positives(work), wall)
     for v in verdicts:
         print(json.dumps({"claim": v["claim"], "metric": v["metric"], "diff": v["mean"], "ci_low": v["ci_low"],
                           "ci_high": v["ci_high"], "verdict": v["verdict"]}))
