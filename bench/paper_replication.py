@@ -533,7 +533,12 @@ def main() -> int:
     if args.workers:
         cfg["workers"] = args.workers
     if args.sweep_r:
-        cfg["sweep_r"] = [] if args.sweep_r == "none" else [float(r) for r in args.sweep_r.split(",")]
+        try:
+            cfg["sweep_r"] = [] if args.sweep_r == "none" else [float(r) for r in args.sweep_r.split(",")]
+        except ValueError:
+            ap.error(f"--sweep-r {args.sweep_r!r}: give fractions such as 0.5,0.1, or 'none'")
+        if not all(0 < r < 1 for r in cfg["sweep_r"]):
+            ap.error(f"--sweep-r {args.sweep_r!r}: each r is the fraction of non-normal studies kept, 0 < r < 1")
     work = args.work or Path(f"/tmp/medclr_replication_{preset}")
     (work / "logs").mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
