@@ -20,7 +20,7 @@ Runs go `workers` at a time as `medclr` subprocesses (logs under WORK/logs). Eac
 cached under WORK: a killed replication resumes where it stopped (a run interrupted mid-training is
 retrained). One JSON line per run on stdout, then one per claim.
 
-    python bench/paper_replication.py --quick            # 2-core CPU, ~1 hour from a clean clone (49 min)
+    python bench/paper_replication.py --quick            # 2-core CPU, under an hour from a clean clone (49 min)
     python bench/paper_replication.py --work /data/rep   # full preset, sized for one GPU
 """
 
@@ -69,7 +69,7 @@ DCL_ETAS = {"DCL eta=0.01": 0.01, "DCL eta=0.05": 0.05, "DCL eta=0.1": 0.1, "DCL
 CLAIM_METHODS = [m for m in METHODS if m not in ("DeCL", "t-InfoNCE")]
 
 PRESETS = {
-    # 2-core CPU, about an hour from a clean clone: the default preset's model (cpu_small: ResNet-18 to
+    # 2-core CPU, under an hour from a clean clone: the default preset's model (cpu_small: ResNet-18 to
     # layer3 at 64 px, LSE+NL head on an 8x8 grid, finding sentences, the demo's LM), batch 32 for 240
     # steps (~3 epochs; on this machine batch 32 trains the head further per second than batch 64: CNR
     # 0.95 at 300 steps of 32 against 0.82 at 150 steps of 64, the same three minutes), two runs at a time
@@ -491,22 +491,19 @@ def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.Dat
     path.write_text("\n".join(lines) + reading)
 
 
-def shown_command(argv: list[str]) -> str:
-    """The command line as RESULTS.md shows it: every option that changes a number, no local paths."""
-    kept, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in ("--work", "--docs"):
-            skip = True
-        elif not a.startswith(("--work=", "--docs=")):
-            kept.append(a)
-    return shlex.join(["python", "bench/paper_replication.py", *kept])
+def shown_command(args: argparse.Namespace) -> str:
+    """The command line as RESULTS.md shows it: the options that change a number, no local paths
+    (rebuilt from the parsed options, so an abbreviated --wo PATH is left out too)."""
+    opts = ["--quick"] if args.quick else []
+    for name in ("methods", "seeds", "steps", "sweep_r"):
+        if getattr(args, name) is not None:
+            opts += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return shlex.join(["python", "bench/paper_replication.py", *opts])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the 2-core CPU preset (~1 hour: 49 min measured)")
+    ap.add_argument("--quick", action="store_true", help="the 2-core CPU preset (under an hour: 49 min measured)")
     ap.add_argument("--work", type=Path, default=None, help="cache of data and runs (default /tmp/medclr_replication_PRESET)")
     ap.add_argument("--docs", type=Path, default=REPO / "docs", help="where RESULTS.md and img/ go")
     ap.add_argument("--methods", default=None, help="comma-separated subset of: " + ", ".join(METHODS))
@@ -574,7 +571,7 @@ def main() -> int:
     shutil.copyfile(work / "calibration" / "calibration.png", img / "results_eta_lm.png")
     all_rows.to_csv(work / "runs.csv", index=False)
     wall = (time.perf_counter() - t0) / 60
-    write_results(args.docs / "RESULTS.md", preset, shown_command(sys.argv[1:]), cfg, rows, sweep, verdicts, pop, calib,
+    write_results(args.docs / "RESULTS.md", preset, shown_command(args), cfg, rows, sweep, verdicts, pop, calib,
                   count_test_positives(work), wall)
     for v in verdicts:
         print(json.dumps({"claim": v["claim"], "metric": v["metric"], "diff": v["mean"], "ci_low": v["ci_low"],
