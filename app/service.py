@@ -307,7 +307,8 @@ class AppService:
 
     # -- inspector ------------------------------------------------------------------------------------
     def inspect(self, sentence: str | None) -> dict[str, Any]:
-        """eta_LM of a report sentence and the NUCLR popularity zeta of the reports that hold it."""
+        """eta_LM of a report sentence, its NUCLR popularity zeta_txt (sentence-keyed runs) and the zeta of the
+        reports that hold it."""
         s = " ".join(check_text(sentence, "sentence", "please type or pick a report sentence to inspect").split())
         stats = self.engine.stats
         out: dict[str, Any] = {"sentence": s}
@@ -333,7 +334,9 @@ class AppService:
                                          "eta_LM": stats.eta(h["sentence"]) if stats.has_eta else None}
                                         for h in near if h["sentence"] != s][:5]
         out["zeta"] = reports
-        if not stats.has_zeta:
+        if stats.has_zeta:
+            out["zeta_txt_sentence"] = stats.sentence_zeta(s)  # None unless the run keyed zeta_txt by sentence
+        else:
             out["zeta_note"] = "this checkpoint has no NUCLR popularity table (loss_state.safetensors without zeta)"
         return out
 

@@ -1,27 +1,29 @@
 """The papers' claims, tested on CXR-Phantom: writes docs/RESULTS.md and docs/img/results_*.png.
 
-Every method trains through the LSE+NL head (the debiasing paper's setup; the default preset's model)
-under the same budget (same steps, batch, image size, data, LM and eta table; only the loss differs),
-3 seeds each, and is evaluated on the phantom's test split with `medclr eval` (CheX5 zero-shot AUC/ACC
-with the paper's prompts, MS-CXR-format grounding CNR/mIoU, box-sentence retrieval Recall/MedR). Then:
+Every method trains through the LSE+NL head (the debiasing paper's setup) under the same budget (same
+steps, batch, image size, data, LM and eta table; only the loss differs), and is evaluated on the
+phantom's test split with `medclr eval` (CheX5 zero-shot AUC/ACC with the paper's prompts, MS-CXR-format
+grounding CNR/mIoU, box-sentence retrieval Recall/MedR). InfoNCE is anchored on the text like DCL
+(InfoNCE = DCL with eta = 0), so a difference between them isolates eta. Then:
 
 * the claims, each as a paired difference over seeds with a Student-t 95 % CI and a verdict:
   DCL-eta_LM >= the best constant eta (AUC, CNR, mIoU, Recall); DCL-eta_True >= DCL-eta_LM >= InfoNCE;
-  NUCLR >= SogCLR on retrieval; NUCLR's zeta rank-correlates with the true class frequency;
-* the eta trade-off of the debiasing paper's Fig. 3 (constant-eta DCL against eta, with InfoNCE,
-  DCL-eta_LM and the DCL-eta_True oracle as references);
-* the class-imbalance sweep of its Fig. 2: the training split with every non-normal study kept
-  with probability r (the phantom's CIFAR10-r), the true class probabilities recomputed;
-* NUCLR's learned popularity zeta against the true class frequency (its Fig. 5), keyed by the
-  sentences each sample was actually paired with (replayed from the run's seed) and by the study;
-* NUCLR against SogCLR on retrieval; eta_LM against the true class probability (`medclr lm calibrate`).
+  NUCLR >= SogCLR on retrieval; NUCLR's zeta rank-correlates with the true frequency of its sentence;
+* how far eta moves the loss on a model that has learned: the mean per-pair |loss(DCL-eta_LM) -
+  loss(InfoNCE)| on the InfoNCE run's own training batches, with the InfoNCE batch loss there;
+* the eta trade-off of the debiasing paper's Fig. 3 (constant-eta DCL against eta);
+* optionally the class-imbalance sweep of its Fig. 2 (--sweep-r);
+* eta_LM against rho_sent, the class probability it estimates (`medclr lm calibrate`).
+
+Presets (budgets where models learn: InfoNCE's batch loss falls below 3.0 at batch 64):
+
+    python bench/paper_replication.py --preset cpu           # 2 cores: InfoNCE, DCL-eta_LM, DCL-eta_True, 1 seed
+    python bench/paper_replication.py --preset gpu           # one GPU: 7 methods x 3 seeds side by side
+    python bench/paper_replication.py --preset gpu --dry-run # the same pipeline at toy size, minutes on a CPU
 
 Runs go `workers` at a time as `medclr` subprocesses (logs under WORK/logs). Each run's output is
 cached under WORK: a killed replication resumes where it stopped (a run interrupted mid-training is
 retrained). One JSON line per run on stdout, then one per claim.
-
-    python bench/paper_replication.py --quick            # 2-core CPU, under an hour from a clean clone (49 min)
-    python bench/paper_replication.py --work /data/rep   # full preset, sized for one GPU
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from medclr.phantom.vocab import EVAL_PER_CLASS  # noqa: E402  (the evaluation s
 
 # label -> (training config, extra overrides). Constant-eta DCL labels carry their eta for the curve.
 METHODS = {
-    "InfoNCE": ("infonce", []),
+    "InfoNCE": ("infonce", ["loss.anchor=text"]),
     "DCL eta=0.01": ("dcl", ["loss.eta=0.01"]),
     "DCL eta=0.05": ("dcl", ["loss.eta=0.05"]),
     "DCL eta=0.1": ("dcl", ["loss.eta=0.1"]),
@@ -69,29 +71,33 @@ DCL_ETAS = {"DCL eta=0.01": 0.01, "DCL eta=0.05": 0.05, "DCL eta=0.1": 0.1, "DCL
 CLAIM_METHODS = [m for m in METHODS if m not in ("DeCL", "t-InfoNCE")]
 
 PRESETS = {
-    # 2-core CPU, under an hour from a clean clone: the default preset's model (cpu_small: ResNet-18 to
-    # layer3 at 64 px, LSE+NL head on an 8x8 grid, finding sentences, the demo's LM), batch 32 for 240
-    # steps (~3 epochs; on this machine batch 32 trains the head further per second than batch 64: CNR
-    # 0.95 at 300 steps of 32 against 0.82 at 150 steps of 64, the same three minutes), two runs at a time
-    # with one thread each (1.25x the throughput of one two-thread run; a run's numerics do not depend on
-    # the other's load). 9 methods x 3 seeds + the imbalance sweep at r = 0.1 (InfoNCE, DCL-eta_LM, 3
-    # seeds): 33 runs of 145-184 s each; measured from a clean clone: 48.8 min with 4.9 min for the data
-    # (docs/RESULTS.md).
-    "quick": {"n": 3000, "seeds": [0, 1, 2], "steps": 240, "workers": 2, "threads": 1, "sweep_r": [0.1],
-              "sweep_methods": ["InfoNCE", "DCL-eta_LM"], "sweep_seeds": [0, 1, 2], "methods": CLAIM_METHODS,
-              "train": ["preset=cpu_small", "train.batch_size=32", "ckpt.every={steps}", "val.every=null",
-                        "data.cache=disk", "data.cache_dir={work}/image_cache", "data.cache_workers=1"],
-              "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "200", "--no-figures"]},
-    # One GPU: the gpu_small preset (the cpu_small model on the whole ResNet-18 at 128 px with the
-    # negation-aware recipe), the setting measured to learn grounding and retrieval on the phantom
-    # (docs/training.md: CNR 1.39, Recall 0.19 over 3 seeds at 2,500 steps). Three such runs side by side
-    # took 4.4 min of training on one H100, so the 33 method runs one after another take at most ~2.5 h
-    # and the 60 sweep runs ~4.5 h (not run on a GPU yet).
-    "full": {"n": 3000, "seeds": [0, 1, 2], "steps": 2500, "workers": 1, "threads": 0, "sweep_r": [0.5, 0.2, 0.1, 0.05],
-             "sweep_methods": ["InfoNCE", "DCL eta=0.1", "DCL-eta_LM", "DCL-eta_True", "NUCLR"], "sweep_seeds": [0, 1, 2],
-             "methods": list(METHODS), "train": ["preset=gpu_small", "log.every=50", "ckpt.every={steps}", "val.every=null"],
-             "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "1000", "--no-figures"]},
+    # 2 CPU cores, about two hours: the cpu_zeroshot recipe (cpu_small's model: ResNet-18 to layer3 at 64 px,
+    # LSE+NL on an 8x8 grid; finding-balanced study draws, short forms, the rule hard-negative term) at batch
+    # 64 for 1,000 steps (the recipe as docs/training.md measured it), the three methods that test eta, one seed,
+    # two runs at a time with one thread each (docs/RESULTS.md has the measured time).
+    "cpu": {"n": 3000, "eval_per_class": 250, "seeds": [0], "steps": 400, "workers": 2, "threads": 1, "sweep_r": [],
+            "sweep_methods": [], "sweep_seeds": [0], "methods": ["InfoNCE", "DCL-eta_LM", "DCL-eta_True"],
+            "eta_sampling": ["--sentence-sampling", "findings", "--study-sampling", "findings", "--study-balance", "1"],
+            "train": ["preset=cpu_zeroshot", "ckpt.every={steps}", "val.every=null", "data.cache=disk",
+                      "data.cache_dir={work}/image_cache", "data.cache_workers=1"],
+            "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "200", "--no-figures"]},
+    # One GPU (sized for an H100 with 16 cores): the gpu_small recipe (docs/training.md: CNR 1.39, Recall
+    # 0.19 over 3 seeds at 2,500 steps), 7 methods x 3 seeds, all 21 runs side by side (the models are
+    # small: the GPU is fed by 21 processes at 1 loader thread each, the phantom's images cached once on
+    # disk and shared). Not yet run on a GPU: its wall time is unmeasured.
+    "gpu": {"n": 3000, "eval_per_class": 250, "seeds": [0, 1, 2], "steps": 2500, "workers": 21, "threads": 1,
+            "sweep_r": [], "sweep_methods": ["InfoNCE", "DCL eta=0.1", "DCL-eta_LM", "DCL-eta_True", "NUCLR"],
+            "sweep_seeds": [0, 1, 2],
+            "methods": ["InfoNCE", "DCL eta=0.05", "DCL eta=0.1", "DCL-eta_LM", "DCL-eta_True", "SogCLR", "NUCLR"],
+            "eta_sampling": ["--sentence-sampling", "findings"],
+            "train": ["preset=gpu_small", "log.every=50", "ckpt.every={steps}", "val.every=null", "data.cache=disk",
+                      "data.cache_dir={work}/image_cache", "data.num_workers=1"],
+            "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "1000", "--no-figures"]},
 }
+# --dry-run: the preset's pipeline end to end at toy size (a 240-study phantom, 10 evaluation studies a
+# class, 6 steps of batch 16 at 32 px on the CPU): it checks that every step runs, not what it measures.
+DRY_RUN = {"n": 240, "eval_per_class": 10, "steps": 6, "workers": 2, "threads": 1,
+           "extra_train": ["train.batch_size=16", "data.resize=36", "data.crop=32", "train.device=cpu"]}
 METRICS = list(SUMMARY_KEYS)
 READING_MARK = "<!-- reading: kept when the script rewrites this file -->"
 
@@ -102,9 +108,9 @@ def run_cli(argv: list[str]) -> None:
         raise SystemExit(f"`medclr {' '.join(argv[:2])}` failed (exit {code})")
 
 
-def prepare_data(work: Path, n: int, seed: int) -> None:
+def prepare_data(work: Path, n: int, seed: int, eval_per_class: int = EVAL_PER_CLASS) -> None:
     """Phantom -> manifest -> domain LM -> eta table, as `medclr demo` builds them (cached)."""
-    for step in demo_plan(work, Namespace(n=n, seed=seed, eval_per_class=EVAL_PER_CLASS, preset="cpu_small"))[:4]:
+    for step in demo_plan(work, Namespace(n=n, seed=seed, eval_per_class=eval_per_class, preset="cpu_small"))[:4]:
         if not step.output.exists():
             print(f"== {step.name}", file=sys.stderr, flush=True)
             run_cli(step.argv)
@@ -164,8 +170,8 @@ def train_and_eval(work: Path, run: Path, label: str, seed: int, manifest: Path,
             config, extra = METHODS[label]
             commands.append(["train", "--config", config, *[o.format(work=work, steps=cfg["steps"]) for o in cfg["train"]],
                              f"train.max_steps={cfg['steps']}", "train.max_minutes=null", "log.progress=false",
-                             f"seed={seed}", f"data.manifest={manifest}", f"data.eta={work / 'eta.parquet'}",
-                             f"model.text={work / 'lm'}", f"out={run}", *extra,
+                             f"seed={seed}", f"data.manifest={manifest}", f"data.eta={eta_path(work, cfg)}",
+                             f"model.text={work / 'lm'}", f"out={run}", *extra, *cfg.get("extra_train", []),
                              *(["loss.freeze_zeta_epochs=0.25"] if config == "nuclr" else [])])
         commands.append(["eval", "--checkpoint", str(run), "--data", str(work / "manifest.parquet"), "--out",
                          str(run / "eval"), "--seed", str(seed), *cfg["eval"]])
@@ -186,87 +192,87 @@ def slug(label: str) -> str:
     return label.replace(" ", "_").replace("=", "")
 
 
-def sentence_classes(work: Path) -> dict[int, dict[str, str]]:
-    """manifest index -> {finding sentence: its finding's latent-class token} from the phantom's ground
-    truth; a sentence stating no rendered finding (normal statements, negations) is class "other"."""
-    from medclr.data.groundtruth import read_ground_truth
-    from medclr.data.manifest import read_manifest
+def zeta_against_frequency(run: Path) -> dict:
+    """NUCLR's learned text popularity against the true frequency of what was paired (its Fig. 5).
 
-    gt = read_ground_truth(work / "phantom", ["dicom_id", "findings"]).set_index("dicom_id")["findings"]
-    out = {}
-    for index, dicom_id in read_manifest(work / "manifest.parquet")[["index", "dicom_id"]].itertuples(index=False):
-        out[int(index)] = {f["sentence"]: f["name"] + (f":{f['side']}" if f["side_stated"] else "")
-                           for f in gt.get(dicom_id, []) if f["rendered"] and f["sentence"]}
-    return out
-
-
-def paired_sentence_key(run: Path, classes: dict[int, dict[str, str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(zeta_txt, key, manifest index) per training sample of a NUCLR run, key = the zeta-step-weighted mean, over the
-    sample's visits after the freeze, of log(frequency of the class of the sentence paired at that visit).
-
-    zeta_j moves by -lr_t * g_j at every visit (an accumulated sum, not a moving average), and g_j at a
-    visit is about the sentence drawn then, so the truth zeta estimates is the popularity of the
-    sentences it was paired with, weighted by the step size of each visit. The visits are replayed from
-    the run's config: the sampler and the sentence draw are pure functions of (seed, epoch, index)."""
+    Sentence-keyed runs (loss.zeta_key: sentence): one point per distinct training sentence that training
+    drew at least once after the freeze, zeta_txt against log rho_sent (the frequency of the sentence's
+    ground-truth key among the pairs as the run's sampler draws them). Study-keyed runs: one point per
+    study, zeta_txt against the draw-weighted mean log rho_sent of its sentences (what a study-keyed zeta
+    can at best track). Returns Spearman, the sd of zeta_txt and the points."""
     import yaml
     from safetensors.numpy import load_file
+    from scipy.stats import spearmanr
 
-    from medclr.losses.nuclr import cosine_after_freeze
-    from medclr.training.data import PairDataset, load_table, study_weights
-    from medclr.training.sampler import GlobalBatchSampler
+    from medclr.data.pairs import pair_probabilities
+    from medclr.data.text import sentence_hash
+    from medclr.inference.checkpoint import TEXT_HASH_KEY, hash_to_int
+    from medclr.phantom.sentence_keys import rho_sent
+    from medclr.training.data import load_table
 
     cfg = yaml.safe_load((run / "train_config.yaml").read_text())
     cfg["data"]["cache"] = "none"  # sentences only: no image is read
     table = load_table(cfg, eta=False)
     state = load_file(str(run / "loss_state.safetensors"))
-    if not np.array_equal(state["sample_manifest_index"], table.manifest_index):
-        raise SystemExit(f"{run}: its loss state does not match its manifest's training rows")
-    ds = PairDataset(table, cfg)
-    weighted = cfg["data"]["study_sampling"] != "uniform"
-    weights = study_weights(table.sentences, cfg["data"]["study_sampling"], float(cfg["data"]["study_balance"]))
-    sampler = GlobalBatchSampler(len(table), int(cfg["train"]["batch_size"]), seed=int(cfg["seed"]), weights=weights)
-    total = int(cfg["train"]["max_steps"])
-    freeze = int(round(float(cfg["loss"].get("freeze_zeta_epochs") or 0) * sampler.steps_per_epoch))
-    visits = []  # (sample, class, weight)
-    for step in range(freeze, total):
-        lr = cosine_after_freeze(step, 1.0, freeze, total) if cfg["loss"].get("zeta_lr_schedule") == "cosine" else 1.0
-        epoch = sampler.position(step)[0]
-        for i in sampler.global_batch_indices(step):
-            _, sentence = ds.training_sentence(step if weighted else epoch, int(i))
-            visits.append((int(i), classes[int(table.manifest_index[i])].get(sentence, "other"), lr))
-    v = pd.DataFrame(visits, columns=["i", "cls", "w"])
-    log_freq = np.log(v.groupby("cls")["w"].sum() / v["w"].sum())
-    v["wl"] = v["w"] * v["cls"].map(log_freq)
-    g = v.groupby("i")[["wl", "w"]].sum()
-    key = np.full(len(table), np.nan)
-    key[g.index.to_numpy()] = (g["wl"] / g["w"]).to_numpy()
-    return state["zeta_txt"].astype(np.float64), key, table.manifest_index
+    d = cfg["data"]
+    sampling = dict(sentence_sampling=d["sentence_sampling"], other_weight=float(d["other_sentence_weight"]),
+                    study_sampling=d["study_sampling"], study_balance=float(d["study_balance"]))
+    rho = rho_sent(table.sentences, **sampling)
+    zeta = state["zeta_txt"].astype(np.float64)
+    if TEXT_HASH_KEY in state:
+        want = np.array([hash_to_int(sentence_hash(t)) for t in table.texts])
+        if not np.array_equal(state[TEXT_HASH_KEY], want):
+            raise SystemExit(f"{run}: its loss state's sentences do not match its manifest's training rows")
+        log_rho = np.full(len(table.texts), np.nan)
+        for ids, r in zip(table.text_ids, rho):
+            log_rho[ids] = np.log(r)
+        moved = zeta != float(cfg["loss"].get("zeta_init", -0.05))  # drawn at least once after the freeze
+        x, y, key = log_rho[moved], zeta[moved], "sentence"
+    else:
+        pairs = pair_probabilities(table.sentences, **sampling)
+        x = np.array([np.dot(p, np.log(r)) / p.sum() for p, r in zip(pairs, rho)])
+        y, key = zeta, "study"
+    return {"key": key, "spearman": float(spearmanr(x, y)[0]), "zeta_sd": float(np.std(y)), "n": int(len(y)),
+            "points": (x, y)}
 
 
-def nuclr_popularity(work: Path, runs: list[Path]) -> dict:
-    """Spearman of NUCLR's learned zeta_txt with the true class frequency, per seed, under two keys:
-    the sentences actually paired with each sample (paired_sentence_key) and the study's latent class."""
-    from scipy.stats import spearmanr
-
-    from medclr.data.manifest import read_manifest
-
-    classes = sentence_classes(work)
-    study = read_manifest(work / "manifest.parquet").set_index("index")["latent_class_prob"]
-    out, points = {"sentence": [], "study": []}, None
-    for run in runs:
-        zeta, key, index = paired_sentence_key(run, classes)
-        ok = np.isfinite(key)
-        out["sentence"].append(float(spearmanr(zeta[ok], key[ok])[0]))
-        out["study"].append(float(spearmanr(zeta, np.log(study.loc[index].to_numpy(dtype=np.float64)))[0]))
-        if points is None:
-            points = (key[ok], zeta[ok])
-    return {"spearman": out, "points": points}
+def nuclr_popularity(runs: list[Path]) -> dict:
+    """Spearman of NUCLR's learned zeta_txt with the true frequency of its texts, per seed."""
+    per_run = [zeta_against_frequency(run) for run in runs]
+    return {"spearman": {"sentence" if per_run[0]["key"] == "sentence" else "study": [r["spearman"] for r in per_run]},
+            "zeta_sd": [r["zeta_sd"] for r in per_run], "points": per_run[0]["points"]}
 
 
-def eta_calibration(work: Path) -> dict:
-    out = work / "calibration"
+def loss_effect(work: Path, run: Path, cfg: dict) -> list[dict]:
+    """bench/bench_eta_fit.py on a trained run: how far each eta moves the per-pair loss from InfoNCE."""
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_eta_fit.py"), "--manifest",
+                          str(work / "manifest.parquet"), "--eta", str(eta_path(work, cfg)), "--checkpoint", str(run),
+                          "--n", "1024", "--batch", "64"], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"bench_eta_fit on {run} failed: {out.stderr.strip().splitlines()[-1:]}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def eta_path(work: Path, cfg: dict) -> Path:
+    """The eta table the preset's runs train with: calibrated to the pairs as the preset's sampler draws them."""
+    return work / f"eta_{cfg['name']}.parquet"
+
+
+def prepare_eta(work: Path, cfg: dict) -> Path:
+    """`medclr lm score` for the preset's sampling (the demo's PLLs are reused: only eta is refitted)."""
+    out = eta_path(work, cfg)
+    if not out.exists():
+        shutil.copyfile(work / "eta.parquet", out)
+        run_cli(["lm", "score", "--manifest", str(work / "manifest.parquet"), "--model", str(work / "lm"), "--out",
+                 str(out), "--no-progress", *cfg["eta_sampling"]])
+    return out
+
+
+def eta_calibration(work: Path, cfg: dict) -> dict:
+    """`medclr lm calibrate` of the preset's eta table against rho_sent under the same sampling."""
+    out = work / f"calibration_{cfg['name']}"
     if not (out / "calibration.json").exists():
-        run_cli(["lm", "calibrate", "--manifest", str(work / "manifest.parquet"), "--eta", str(work / "eta.parquet"),
+        run_cli(["lm", "calibrate", "--manifest", str(work / "manifest.parquet"), "--eta", str(eta_path(work, cfg)),
                  "--out", str(out)])
     return json.loads((out / "calibration.json").read_text())
 
@@ -326,7 +332,7 @@ def claims(rows: pd.DataFrame, table: pd.DataFrame, pop: dict | None) -> list[di
     for row in out:
         row["verdict"] = verdict(row, lower_is_better=row["metric"] == "MedR")
     if pop:
-        for key in ("sentence", "study"):
+        for key in pop["spearman"]:
             rho = pop["spearman"][key]
             d = pooled(rho)  # mean Spearman over seeds, Student-t CI
             out.append({"claim": f"zeta rank-correlates with class frequency ({key} key)", "a": "Spearman",
@@ -433,7 +439,8 @@ def imbalance_section(sweep: pd.DataFrame, seeds: list[int]) -> list[str]:
 
 
 def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.DataFrame, sweep: pd.DataFrame,
-                  verdicts: list[dict], pop: dict | None, calib: dict, positives: dict[str, int], wall_min: float) -> None:
+                  verdicts: list[dict], pop: dict | None, calib: dict, positives: dict[str, int], wall_min: float,
+                  effect: list[dict]) -> None:
     old = path.read_text() if path.exists() else ""
     reading = old.split(READING_MARK, 1)[1] if READING_MARK in old else "\n## Reading\n\n(not written yet)\n"
     table = mean_sd(rows)
@@ -471,30 +478,48 @@ def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.Dat
               "InfoNCE, DCL-eta_LM, the DCL-eta_True oracle.*", ""]
     if cfg["sweep_r"]:
         lines += imbalance_section(sweep, cfg["sweep_seeds"])
+    if effect:
+        by = {(e["metric"], e["eta"], e["anchor"]): e["value"] for e in effect}
+        lines += ["## How far eta moves the loss on the trained InfoNCE model", "",
+                  f"`bench/bench_eta_fit.py` on the InfoNCE run (seed {cfg['seeds'][0]}): {effect[0]['pairs']} training "
+                  f"pairs in batches of {effect[0]['batch']}, tau {effect[0]['tau']}; InfoNCE's batch loss there "
+                  f"{by[('batch_loss_infonce', 'paper', 'text')]:.3f} (text-anchored), "
+                  f"{by[('batch_loss_infonce', 'paper', 'symmetric')]:.3f} (symmetric).", "",
+                  "| eta | anchor | mean eta | mean per-pair abs(loss(DCL-eta) - loss(InfoNCE)) (nat) | pairs moved > 0.01 |",
+                  "|---|---|---|---|---|"]
+        for name in dict.fromkeys(e["eta"] for e in effect):
+            for an in ("text", "symmetric"):
+                lines.append(f"| {name} | {an} | {by[('eta_mean', name, an)]:.4f} | "
+                             f"{by[('mean_abs_loss_diff_per_pair', name, an)]:.4f} | "
+                             f"{by[('pairs_abs_diff_over_0.01', name, an)]:.2f} |")
+        lines.append("")
     if pop:
-        s, st = pop["spearman"]["sentence"], pop["spearman"]["study"]
-        lines += ["## NUCLR popularity against the true class frequency (its Fig. 5)", "",
-                  "Spearman(zeta_txt, log true class frequency) over the training samples, per seed: keyed by the "
-                  "sentences actually paired with each sample (the class of the finding the drawn sentence states, "
-                  "from the phantom's ground truth, averaged over the sample's visits after the freeze with the zeta "
-                  "step size as weight) " + ", ".join(f"{x:+.3f}" for x in s) + "; keyed by the study's latent class "
-                  + ", ".join(f"{x:+.3f}" for x in st) + ".", "",
-                  "![popularity](img/results_nuclr_popularity.png)", ""]
+        sp = next(iter(pop["spearman"].values()))
+        key = next(iter(pop["spearman"]))
+        lines += ["## NUCLR popularity against the true frequency (its Fig. 5)", "",
+                  f"Spearman(zeta_txt, log rho_sent) per seed, zeta keyed by {key}: "
+                  + ", ".join(f"{x:+.3f}" for x in sp) + "; sd of zeta_txt " + ", ".join(f"{x:.4f}" for x in pop["zeta_sd"])
+                  + " (rho_sent: the frequency of the sentence's ground-truth key among the pairs as training draws "
+                  "them).", "", "![popularity](img/results_nuclr_popularity.png)", ""]
     if {"NUCLR", "SogCLR"} <= set(rows["method"]):
         lines += ["## NUCLR against SogCLR on retrieval", "", "![retrieval](img/results_retrieval.png)", ""]
-    sent, study = calib.get("sentence", {}), calib.get("study", {})
-    lines += ["## eta_LM against the true class probability", "",
-              f"Spearman(log p_LM, log rho): per sentence {sent.get('spearman_logp_logrho', float('nan')):+.3f}, "
-              f"per study {study.get('spearman_logp_logrho', float('nan')):+.3f} (`medclr lm calibrate`; "
-              "docs/lm.md explains the two levels).", "", "![eta_LM calibration](img/results_eta_lm.png)", "",
-              READING_MARK]
+    v = calib["variants"]
+    lines += ["## eta_LM against rho_sent, the class probability it estimates", "",
+              f"`medclr lm calibrate` over {calib['n_pairs']} training pairs (mean rho_sent {calib['mean_rho']:.4f}):", "",
+              "| eta | a | k | E[eta]/E[rho] | Spearman | median abs(log eta/rho) | E abs(1/(1-eta) - 1/(1-rho)) |",
+              "|---|---|---|---|---|---|---|"]
+    for name in ("table", "meaning_fit", "string_fit", "paper", "ground_truth_fit", "constant 0.05", "constant 0.1"):
+        x = v[name]
+        lines.append(f"| {name} | {x.get('a', float('nan')):.4g} | {x.get('k', float('nan')):.4g} | {x['mean_ratio']:.2f} | "
+                     f"{x['spearman']:+.3f} | {x['median_abs_log_ratio']:.2f} | {x['misspecification']:.4f} |")
+    lines += ["", "![eta_LM calibration](img/results_eta_lm.png)", "", READING_MARK]
     path.write_text("\n".join(lines) + reading)
 
 
 def shown_command(args: argparse.Namespace) -> str:
     """The command line as RESULTS.md shows it: the options that change a number, no local paths
     (rebuilt from the parsed options, so an abbreviated --wo PATH is left out too)."""
-    opts = ["--quick"] if args.quick else []
+    opts = ["--preset", args.preset] + (["--dry-run"] if args.dry_run else [])
     for name in ("methods", "seeds", "steps", "sweep_r"):
         if getattr(args, name) is not None:
             opts += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -503,20 +528,27 @@ def shown_command(args: argparse.Namespace) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the 2-core CPU preset (under an hour: 49 min measured)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
+                    help="cpu: 2 cores, InfoNCE / DCL-eta_LM / DCL-eta_True, 1 seed (default); gpu: one GPU, 7 methods "
+                         "x 3 seeds side by side")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="the preset's pipeline end to end at toy size on the CPU (checks that it runs; writes to "
+                         "WORK/docs, not to docs/)")
     ap.add_argument("--work", type=Path, default=None, help="cache of data and runs (default /tmp/medclr_replication_PRESET)")
     ap.add_argument("--docs", type=Path, default=REPO / "docs", help="where RESULTS.md and img/ go")
     ap.add_argument("--methods", default=None, help="comma-separated subset of: " + ", ".join(METHODS))
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per run (overrides the preset)")
-    ap.add_argument("--workers", type=int, default=None, help="runs at a time (quick: 2, one thread each)")
+    ap.add_argument("--workers", type=int, default=None, help="runs at a time (cpu: 2, one thread each; gpu: 21)")
     ap.add_argument("--sweep-r", default=None,
-                    help="comma-separated fractions r of the imbalance sweep (quick: 0.1; full: 0.5,0.2,0.1,0.05); "
+                    help="comma-separated fractions r of the imbalance sweep (none by default; e.g. 0.5,0.2,0.1,0.05); "
                          "'none' skips the sweep")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    preset = "quick" if args.quick else "full"
-    cfg = dict(PRESETS[preset])
+    preset = args.preset
+    cfg = dict(PRESETS[preset], name=preset)
+    if args.dry_run:
+        cfg.update(DRY_RUN, seeds=cfg["seeds"][:1], sweep_seeds=cfg["seeds"][:1])
     if args.methods:
         cfg["methods"] = [m.strip() for m in args.methods.split(",")]
         unknown = [m for m in cfg["methods"] if m not in METHODS]
@@ -536,10 +568,12 @@ def main() -> int:
             ap.error(f"--sweep-r {args.sweep_r!r}: give fractions such as 0.5,0.1, or 'none'")
         if not all(0 < r < 1 for r in cfg["sweep_r"]):
             ap.error(f"--sweep-r {args.sweep_r!r}: each r is the fraction of non-normal studies kept, 0 < r < 1")
-    work = args.work or Path(f"/tmp/medclr_replication_{preset}")
+    work = args.work or Path(f"/tmp/medclr_replication_{preset}{'_dry' if args.dry_run else ''}")
+    docs = work / "docs" if args.dry_run else args.docs
     (work / "logs").mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    prepare_data(work, cfg["n"], seed=0)
+    prepare_data(work, cfg["n"], seed=0, eval_per_class=cfg["eval_per_class"])
+    prepare_eta(work, cfg)
 
     jobs = [(label, seed, work / "runs" / f"{slug(label)}_s{seed}", work / "manifest.parquet", 1.0)
             for label in cfg["methods"] for seed in cfg["seeds"]]
@@ -554,29 +588,33 @@ def main() -> int:
                                 & all_rows["seed"].isin(cfg["sweep_seeds"])], all_rows[all_rows["r"] != 1.0]])
 
     nuclr_runs = [work / "runs" / f"NUCLR_s{s}" for s in cfg["seeds"] if "NUCLR" in cfg["methods"]]
-    pop = nuclr_popularity(work, nuclr_runs) if nuclr_runs else None
-    calib = eta_calibration(work)
+    pop = nuclr_popularity(nuclr_runs) if nuclr_runs else None
+    calib = eta_calibration(work, cfg)
+    effect = loss_effect(work, work / "runs" / f"InfoNCE_s{cfg['seeds'][0]}", cfg) if "InfoNCE" in cfg["methods"] else []
     table = mean_sd(rows)
     verdicts = claims(rows, table, pop)
 
-    img = args.docs / "img"
+    img = docs / "img"
     img.mkdir(parents=True, exist_ok=True)
     plot_eta_tradeoff(table, img / "results_eta_tradeoff.png")
     if cfg["sweep_r"]:
         plot_imbalance(sweep, img / "results_imbalance.png")
     if pop:
-        plot_popularity(pop["points"], pop["spearman"]["sentence"][0], img / "results_nuclr_popularity.png")
+        plot_popularity(pop["points"], next(iter(pop["spearman"].values()))[0], img / "results_nuclr_popularity.png")
     if {"NUCLR", "SogCLR"} <= set(rows["method"]):
         plot_retrieval(rows, img / "results_retrieval.png")
-    shutil.copyfile(work / "calibration" / "calibration.png", img / "results_eta_lm.png")
+    shutil.copyfile(work / f"calibration_{cfg['name']}" / "calibration.png", img / "results_eta_lm.png")
     all_rows.to_csv(work / "runs.csv", index=False)
     wall = (time.perf_counter() - t0) / 60
-    write_results(args.docs / "RESULTS.md", preset, shown_command(args), cfg, rows, sweep, verdicts, pop, calib,
-                  count_test_positives(work), wall)
+    write_results(docs / "RESULTS.md", preset, shown_command(args), cfg, rows, sweep, verdicts, pop, calib,
+                  count_test_positives(work), wall, effect)
     for v in verdicts:
         print(json.dumps({"claim": v["claim"], "metric": v["metric"], "diff": v["mean"], "ci_low": v["ci_low"],
                           "ci_high": v["ci_high"], "verdict": v["verdict"]}))
-    print(json.dumps({"results": str(args.docs / "RESULTS.md"), "runs": len(all_rows), "wall_minutes": round(wall, 1)}))
+    for e in effect:
+        if e["metric"] in ("mean_abs_loss_diff_per_pair", "batch_loss_infonce"):
+            print(json.dumps({k: e[k] for k in ("metric", "eta", "anchor", "value")}))
+    print(json.dumps({"results": str(docs / "RESULTS.md"), "runs": len(all_rows), "wall_minutes": round(wall, 1)}))
     return 0
 
 

@@ -1,6 +1,6 @@
-"""The label-free fit of eta = a * p^k to the corpus's sentence frequencies (medclr.lm.eta_fit)."""
+"""The label-free fit of eta = a * p^k to how often a sentence's meaning occurs (medclr.lm.eta_fit)."""
 
-from collections import Counter
+from collections import defaultdict
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,29 +10,40 @@ import pytest
 from medclr.errors import MedclrError
 
 N_TRAIN, N_VAL = 60, 15
+# meaning groups, each written two ways (paraphrases share a meaning key); commonest first
+GROUPS = [("No pneumothorax.", "There is no pneumothorax."),
+          ("The lungs are clear.", "Lungs are clear."),
+          ("No pleural effusion.", "There is no pleural effusion."),
+          ("Small left pleural effusion.", "There is a small left pleural effusion."),
+          ("Right lower lobe pneumonia.", "There is right lower lobe pneumonia."),
+          ("Mild cardiomegaly.", "Cardiomegaly is mild."),
+          ("Large right pneumothorax.", "There is a large right pneumothorax."),
+          ("Pulmonary edema.", "There is pulmonary edema."),
+          ("Sternotomy wires.", "Sternotomy wires are seen."),
+          ("Left basilar atelectasis.", "There is left basilar atelectasis.")]
 
 
 def _corpus(seed=0):
     """A manifest (train + validate rows, phantom-style ground truth) and its eta table (PLL given).
 
-    Sentence j occurs in about 60 / (j + 1) training reports; its PLL falls with log rank plus noise,
-    so log frequency is roughly linear in PLL with a slope the fit must recover exactly (closed form)."""
+    Group g is drawn with probability ~ 1 / (g + 1); its two wordings share the meaning key, and their
+    PLLs fall with log rank plus noise (the LM ranks common meanings higher, imperfectly)."""
     from medclr.data.text import sentence_hash
 
     rng = np.random.default_rng(seed)
-    vocab = [f"Finding number {j} is seen." for j in range(40)]
-    p = 1.0 / np.arange(1, 41)
+    p = 1.0 / np.arange(1, len(GROUPS) + 1)
     rows = []
     for _ in range(N_TRAIN + N_VAL):
-        m = int(rng.integers(1, 5))
-        rows.append([vocab[j] for j in rng.choice(40, size=m, replace=False, p=p / p.sum())])
+        m = int(rng.integers(1, 4))
+        rows.append([GROUPS[g][int(rng.integers(2))] for g in rng.choice(len(GROUPS), size=m, replace=False,
+                                                                        p=p / p.sum())])
     rows[-1] = rows[-1] + ["Only in a validation report."]  # must not count: not a training row
     splits = ["train"] * N_TRAIN + ["validate"] * N_VAL
     manifest = pd.DataFrame({"index": np.arange(len(rows)), "split": splits, "sentences": rows,
                              "latent_class": [f"c{i % 7}" for i in range(len(rows))],
                              "latent_class_prob": rng.uniform(0.001, 0.3, len(rows))})
-    sents = vocab + ["Only in a validation report."]
-    pll = np.array([-2.0 - 3.0 * np.log1p(j) + rng.normal(0, 1.0) for j in range(len(sents))])
+    sents = [s for group in GROUPS for s in group] + ["Only in a validation report."]
+    pll = np.array([-2.0 - 3.0 * np.log1p(j // 2) + rng.normal(0, 1.0) for j in range(len(sents))])
     n_scored = np.array([len(s.split()) + 1 for s in sents])
     table = pd.DataFrame({"sentence_hash": [sentence_hash(s) for s in sents], "sentence": sents,
                           "count": 1, "n_tokens": n_scored, "n_scored": n_scored, "pll": pll,
@@ -40,77 +51,157 @@ def _corpus(seed=0):
     return manifest, table
 
 
-def _reference_fit(manifest, table, norm="sum"):
-    """Independent: Counter over the train rows, np.polyfit with weights sqrt(count) (squared residuals x count)."""
-    train = manifest[manifest["split"] == "train"]
-    counts = Counter(s for row in train["sentences"] for s in row)
-    n_reports = sum(1 for row in train["sentences"] if len(row))
+def _reference_pairs(manifest, table, norm="sum"):
+    """Independent: (log p, meaning frequency, pair weight) per training (report, sentence), by loops."""
+    from medclr.data.hard_negatives import meaning_key
+
+    train = [list(r) for r in manifest.loc[manifest["split"] == "train", "sentences"]]
+    mass = defaultdict(float)
+    for row in train:
+        for s in row:
+            mass[meaning_key(s)] += 1.0 / (len(train) * len(row))
     by_sentence = table.set_index("sentence")
-    sents = sorted(counts)
-    n = np.array([counts[s] for s in sents], dtype=np.float64)
-    x = by_sentence.loc[sents, "pll"].to_numpy(np.float64)
-    if norm == "mean":
-        x = x / by_sentence.loc[sents, "n_scored"].to_numpy(np.float64)
-    y = np.log(n / n_reports)
-    k, log_a = np.polyfit(x, y, 1, w=np.sqrt(n))
-    resid = y - (log_a + k * x)
-    ybar = np.sum(n * y) / n.sum()
-    r2 = 1.0 - np.sum(n * resid**2) / np.sum(n * (y - ybar) ** 2)
-    return np.exp(log_a), k, r2, len(sents), int(n.sum()), n_reports
+    x, y, w = [], [], []
+    for row in train:
+        for s in row:
+            lp = by_sentence.loc[s, "pll"] / (by_sentence.loc[s, "n_scored"] if norm == "mean" else 1.0)
+            x.append(lp)
+            y.append(mass[meaning_key(s)])
+            w.append(1.0 / (len(train) * len(row)))
+    return np.array(x), np.array(y), np.array(w)
+
+
+def _profile_fit(x, y, w):
+    """Brute force: for each k on a fine grid the best a is closed form, sum(w y e^{kx}) / sum(w e^{2kx})."""
+    best = None
+    for k in np.linspace(0.0, 5.0, 50001):
+        e = np.exp(k * (x - x.mean()))
+        a = np.sum(w * y * e) / np.sum(w * e * e)
+        sse = np.sum(w * (a * e - y) ** 2)
+        if best is None or sse < best[0]:
+            best = (sse, a * np.exp(-k * x.mean()), k)
+    return best[1], best[2]
+
+
+def test_meaning_keys_pool_paraphrases_and_keep_polarity_and_side():
+    from medclr.data.hard_negatives import meaning_key
+
+    for one, other in GROUPS:
+        assert meaning_key(one) == meaning_key(other), (one, other)
+    keys = [meaning_key(g[0]) for g in GROUPS]
+    assert len(set(keys)) == len(GROUPS)
+    assert meaning_key("No pneumothorax.") == "-pneumothorax"
+    assert meaning_key("Large right pneumothorax.") == "+pneumothorax:right"
+    assert meaning_key("Heart size is normal.") == meaning_key("No cardiomegaly.") == "-cardiomegaly"
+    assert meaning_key("The lungs are clear.") == meaning_key("No acute cardiopulmonary process.") == "normal"
+    assert meaning_key("Possible left pleural effusion.").startswith("?")
+
+
+def _pava(x, y, w):
+    """Brute-force weighted isotonic regression (pool adjacent violators over x sorted, ties pooled first)."""
+    order = np.lexsort((y, x))
+    xs, ys, ws = x[order], y[order], w[order]
+    blocks = []  # [sum w*y, sum w, count]
+    for xv in np.unique(xs):  # equal x share one value
+        m = xs == xv
+        blocks.append([float(np.sum(ws[m] * ys[m])), float(np.sum(ws[m])), int(m.sum())])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            a, b = blocks.pop(), blocks.pop()
+            blocks.append([a[0] + b[0], a[1] + b[1], a[2] + b[2]])
+    fitted = np.concatenate([np.full(c, sw / w_) for sw, w_, c in blocks])
+    out = np.empty_like(fitted)
+    out[order] = fitted
+    return out
 
 
 @pytest.mark.parametrize("norm", ["sum", "mean"])
-def test_fit_matches_weighted_polyfit(norm):
-    from medclr.lm.eta_fit import fit_eta_corpus
+def test_meaning_fit_is_isotonic_least_squares_on_the_pooled_likelihood(norm):
+    """Pooled log p = log sum of p over the wordings of a meaning (by loops); the map = brute-force PAVA."""
+    from medclr.data.hard_negatives import meaning_key
+    from medclr.lm.eta_fit import eta_of_table, fit_eta_meaning
 
     manifest, table = _corpus()
-    fit = fit_eta_corpus(table, manifest, norm=norm)
-    a, k, r2, n_sent, n_pairs, n_reports = _reference_fit(manifest, table, norm)
-    assert fit["a"] == pytest.approx(a, rel=1e-9) and fit["k"] == pytest.approx(k, rel=1e-9)
-    assert fit["r2"] == pytest.approx(r2, rel=1e-9) and 0 < fit["k"] and not fit["k_clamped"]
-    assert (fit["n_sentences"], fit["n_pairs"], fit["n_reports"], fit["split"]) == (n_sent, n_pairs, n_reports, "train")
-    assert fit["method"] == "corpus" and fit["norm"] == norm
+    fit = fit_eta_meaning(table, manifest, norm=norm)
+    x_sent, y, w = _reference_pairs(manifest, table, norm)
+    by_key = {}
+    for s, pll, n in zip(table["sentence"], table["pll"], table["n_scored"]):
+        by_key.setdefault(meaning_key(s), []).append(pll / (n if norm == "mean" else 1.0))
+    pooled = {k: np.log(np.sum(np.exp(v))) for k, v in by_key.items()}
+    train = [s for row in manifest.loc[manifest["split"] == "train", "sentences"] for s in row]
+    x = np.array([pooled[meaning_key(s)] for s in train])
+    want = _pava(x, y, w)
+    got = np.interp(x, fit["knots_log_p"], fit["knots_eta"])
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    # the weighted mean is preserved: mean eta over the drawn pairs = mean meaning frequency
+    assert fit["mean_eta"] == pytest.approx(fit["mean_target"], rel=1e-9)
+    assert fit["mean_target"] == pytest.approx(np.sum(w * y) / np.sum(w), rel=1e-12)
+    assert (fit["n_pairs"], fit["n_reports"], fit["split"], fit["method"]) == (len(y), N_TRAIN, "train", "meaning")
+    # the table's eta: every wording of one meaning gets the same eta
+    eta, clipped = eta_of_table(table, {"source": "meaning", "fit": fit}, norm=norm, eta_max=0.5)
+    assert clipped == 0
+    for one, other in GROUPS:
+        i, j = table.index[table["sentence"] == one][0], table.index[table["sentence"] == other][0]
+        assert eta[i] == eta[j]
+
+
+@pytest.mark.parametrize("norm", ["sum", "mean"])
+def test_sentence_fit_matches_linear_space_least_squares(norm):
+    from medclr.lm.eta_fit import fit_eta_sentence
+
+    manifest, table = _corpus()
+    fit = fit_eta_sentence(table, manifest, norm=norm)
+    x, y, w = _reference_pairs(manifest, table, norm)
+    a, k = _profile_fit(x, y, w)
+    assert fit["k"] == pytest.approx(k, abs=1e-3) and fit["a"] == pytest.approx(a, rel=2e-3)
+    assert 0 < fit["k"] and not fit["k_zero"]
+    assert (fit["n_pairs"], fit["n_reports"], fit["split"]) == (len(y), N_TRAIN, "train")
+    assert fit["mean_target"] == pytest.approx(np.sum(w * y) / np.sum(w), rel=1e-12)
+    assert fit["method"] == "sentence" and fit["norm"] == norm
+    # linear space: the mean eta over the drawn pairs is close to the mean frequency (a log fit is not)
+    assert 0.8 < fit["mean_eta"] / fit["mean_target"] < 1.25
 
 
 def test_fit_is_label_free(tmp_path):
     from medclr.lm.calibrate import calibrate
-    from medclr.lm.eta_fit import fit_eta_corpus, resolve_eta_params
+    from medclr.lm.eta_fit import fit_eta_meaning, resolve_eta_params
 
     manifest, table = _corpus()
-    fit = fit_eta_corpus(table, manifest)
+    fit = fit_eta_meaning(table, manifest)
     bare = manifest.drop(columns=["latent_class", "latent_class_prob"])
     shuffled = manifest.assign(latent_class=manifest["latent_class"].sample(frac=1, random_state=1).to_numpy(),
                                latent_class_prob=np.random.default_rng(2).permutation(manifest["latent_class_prob"]))
-    assert fit_eta_corpus(table, bare) == fit == fit_eta_corpus(table, shuffled)
+    assert fit_eta_meaning(table, bare) == fit == fit_eta_meaning(table, shuffled)
     assert resolve_eta_params(table, bare) == resolve_eta_params(table, shuffled)
     # calibrate (which has the ground truth) reports the same label-free fit beside the paper's a, k
     res = calibrate(manifest, table, tmp_path / "cal", eta_meta={"norm": "sum"})
-    assert res["corpus_fit"] == fit
-    v = res["eta_variants"]
-    assert (v["corpus_fit"]["a"], v["corpus_fit"]["k"]) == (fit["a"], fit["k"])
+    assert res["meaning_fit"] == fit
+    v = res["variants"]
+    assert v["meaning_fit"]["mean_eta"] == pytest.approx(fit["mean_eta"])  # same map, same pairs, same weights
+    sentence = res["sentence_fit"]
+    assert (v["sentence_fit"]["a"], v["sentence_fit"]["k"]) == (sentence["a"], sentence["k"])
     assert (v["paper"]["a"], v["paper"]["k"]) == (0.2, 0.35)
     assert set(v["paper"]["eta_quantiles"]) == {"0.01", "0.1", "0.5", "0.9", "0.99"}
 
 
-def test_clamp_and_fallback():
-    from medclr.lm.eta_fit import fit_eta_corpus, resolve_eta_params
+def test_zero_slope_and_fallback():
+    from medclr.lm.eta_fit import fit_eta_meaning, fit_eta_sentence, resolve_eta_params
 
     manifest, table = _corpus()
-    inverted = table.assign(pll=-table["pll"] - 100.0)  # an LM that ranks rare sentences first
-    fit = fit_eta_corpus(inverted, manifest)
-    train = manifest[manifest["split"] == "train"]
-    n = np.array(list(Counter(s for row in train["sentences"] for s in row).values()), dtype=np.float64)
-    assert fit["k"] == 0.0 and fit["k_clamped"]
-    assert fit["a"] == pytest.approx(np.exp(np.sum(n * np.log(n / N_TRAIN)) / n.sum()), rel=1e-9)
-    flat = table.assign(pll=-5.0)  # no spread in log p: no fit, the paper's a, k (recorded)
-    a, k, rec = resolve_eta_params(flat, manifest)
-    assert (a, k, rec["source"]) == (0.2, 0.35, "paper") and "error" in rec["corpus_fit"]
+    inverted = table.assign(pll=-table["pll"] - 100.0)  # an LM that ranks rare meanings first
+    fit = fit_eta_sentence(inverted, manifest)
+    _, y, w = _reference_pairs(manifest, inverted)
+    assert fit["k"] == pytest.approx(0.0, abs=1e-9) and fit["k_zero"]
+    assert fit["a"] * np.exp(fit["k"] * -100.0) == pytest.approx(np.sum(w * y) / np.sum(w), rel=1e-6)
+    flat = table.assign(pll=-5.0, sentence="Same meaning.")  # no spread in log p: no fit, the paper's a, k
+    rec = resolve_eta_params(flat, manifest)
+    assert (rec["a"], rec["k"], rec["source"]) == (0.2, 0.35, "paper") and "error" in rec["fit"]
     with pytest.raises(MedclrError, match="both a and k"):
         resolve_eta_params(table, manifest, a=0.1)
     with pytest.raises(MedclrError, match="eta fit"):
         resolve_eta_params(table, manifest, method="cxr-bert")
     # no train rows: the fit falls back to all rows
-    assert fit_eta_corpus(table, manifest.assign(split="test"))["split"] == "all"
+    assert fit_eta_meaning(table, manifest.assign(split="test"))["split"] == "all"
+    assert resolve_eta_params(table, manifest, method="sentence")["source"] == "sentence"
 
 
 @pytest.fixture
@@ -133,16 +224,18 @@ def fake_scorer(monkeypatch):
 
 def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
     from medclr.lm.eta import read_eta_table, score_manifest, write_eta_table
-    from medclr.lm.eta_fit import fit_eta_corpus
+    from medclr.lm.eta_fit import fit_eta_meaning
 
     manifest, table = _corpus()
     out = tmp_path / "eta.parquet"
     summary = score_manifest(manifest, None, None, out, progress=False)
     got, meta = read_eta_table(out)
-    fit = fit_eta_corpus(table, manifest)
-    assert meta["eta_params"] == {"source": "corpus", "corpus_fit": fit}  # JSON round trip, exact floats
-    assert (meta["a"], meta["k"]) == (summary["a"], summary["k"]) == (fit["a"], fit["k"])
-    np.testing.assert_allclose(got["eta"], np.minimum(fit["a"] * np.exp(fit["k"] * got["pll"]), 0.5), rtol=1e-12)
+    fit = fit_eta_meaning(table, manifest)
+    assert meta["eta_params"] == {"source": "meaning", "fit": fit}  # JSON round trip, exact floats
+    assert meta["a"] is None and summary["eta_params"] == "meaning"
+    from medclr.lm.eta_fit import eta_of_table
+
+    np.testing.assert_allclose(got["eta"], eta_of_table(got, meta["eta_params"], norm="sum", eta_max=0.5)[0])
     # the metadata survives write_eta_table / read_eta_table unchanged
     write_eta_table(got, tmp_path / "copy.parquet", meta)
     assert read_eta_table(tmp_path / "copy.parquet")[1] == meta
@@ -150,7 +243,7 @@ def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
     score_manifest(manifest, None, None, out, a=0.1, k=0.5, progress=False)
     got, meta = read_eta_table(out)
     assert (meta["a"], meta["k"], meta["eta_params"]["source"]) == (0.1, 0.5, "given")
-    assert meta["eta_params"]["corpus_fit"] == fit
+    assert meta["eta_params"]["fit"] == fit
     np.testing.assert_allclose(got["eta"], np.minimum(0.1 * np.exp(0.5 * got["pll"]), 0.5))
     score_manifest(manifest, None, None, out, eta_fit="paper", progress=False)
     assert read_eta_table(out)[1]["a"] == 0.2

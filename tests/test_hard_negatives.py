@@ -142,7 +142,7 @@ def test_collate_puts_each_hard_negative_after_the_sentences_and_never_the_posit
     import medclr.models.text as text
 
     reports = [["Small left pleural effusion.", "No pneumothorax."], ["Possible pneumonia."], ["No pneumothorax."]]
-    items = [{"image": torch.zeros(1, 4, 4), "sentence": r[0], "index": i, "eta": None,
+    items = [{"image": torch.zeros(1, 4, 4), "sentence": r[0], "index": i, "text_index": i, "eta": None,
               "hard": hard_negatives(r[0], r, ("negation", "side"))} for i, r in enumerate(reports)]
     encoder = SimpleNamespace(tokenizer=None, max_length=8, strip_punctuation=False)
     original = text.TextEncoder.tokenize
@@ -163,8 +163,8 @@ def test_collate_puts_each_hard_negative_after_the_sentences_and_never_the_posit
 def test_findings_sampling_weighs_stated_findings_over_boilerplate():
     import numpy as np
 
+    from medclr.data.pairs import sentence_probabilities
     from medclr.errors import MedclrError
-    from medclr.training.data import sentence_probabilities
 
     rows = [["No pneumothorax.", "Small left pleural effusion.", "Heart size normal.", "Possible pneumonia."],
             ["The lungs are clear."]]

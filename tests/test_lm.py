@@ -264,13 +264,14 @@ def test_score_cli_caches_and_joins(tiny, tmp_path, capsys):
     table, meta = read_eta_table(out)
     assert list(table.columns)[:8] == ["sentence_hash", "sentence", "count", "n_tokens", "n_scored", "pll",
                                        "pll_per_token", "eta"]
-    # default: a, k fitted to the corpus's sentence frequencies (tests/test_eta_fit.py checks the fit)
-    assert meta["eta_params"]["source"] == "corpus" and meta["pll_variant"] == "original"
-    assert (meta["a"], meta["k"]) == (meta["eta_params"]["corpus_fit"]["a"], meta["eta_params"]["corpus_fit"]["k"])
-    assert (first["a"], first["k"]) == (meta["a"], meta["k"])
+    # default: the meaning calibration (tests/test_eta_fit.py checks the fit); no a, k then
+    assert meta["eta_params"]["source"] == "meaning" and meta["pll_variant"] == "original"
+    assert meta["a"] is None and first["a"] is None and meta["eta_params"]["fit"]["knots_eta"]
     ref = pseudo_log_likelihood(table["sentence"].tolist(), model, tok, progress=False)
     np.testing.assert_allclose(table["pll"], ref, atol=1e-5)
-    np.testing.assert_allclose(table["eta"], np.minimum(meta["a"] * np.exp(meta["k"] * table["pll"]), 0.5))
+    from medclr.lm.eta_fit import eta_of_table
+
+    np.testing.assert_allclose(table["eta"], eta_of_table(table, meta["eta_params"], norm="sum", eta_max=0.5)[0])
     assert table.set_index("sentence")["count"]["Heart size is normal."] == 2
     joined = join_eta(read_manifest(m), table)
     assert [len(j) for j in joined] == [3, 2, 1] and joined[0][1] == joined[2][0]
@@ -425,47 +426,56 @@ def test_fit_on_cuda(tmp_path):
     assert np.all(pseudo_log_likelihood(["Heart size is normal."], m2, t2, progress=False) < 0)
 
 
-def test_calibrate_recovers_a_k(tmp_path):
+def test_calibrate_against_rho_sent(tmp_path):
+    """A table whose eta is exactly rho_sent (by construction) scores 1 / 1 / 0; the paper's a, k do not;
+    the best a * p^k recovers the a, k that built the PLLs."""
     from medclr.data.text import sentence_hash
     from medclr.lm.calibrate import GROUND_TRUTH, calibrate
+    from medclr.phantom.sentence_keys import sentence_key
 
-    classes = {f"c{i}": float(r) for i, r in enumerate(np.geomspace(0.002, 0.3, 12))}
-    names = list(classes)
-    rows, cls, rho, splits = [], [], [], []
-    for i in range(120):
-        c = names[i % len(names)]
-        rows.append([f"Finding {c} seen.", f"Report {i} {c}."])
-        cls.append(c)
-        rho.append(classes[c])
-        splits.append("train" if i % 4 else "test")
-    manifest = pd.DataFrame({"index": np.arange(120), "split": splits, "sentences": rows, "latent_class": cls,
-                             "latent_class_prob": rho})
-    a, k = 0.3, 0.5
-    sents = sorted({s for r in rows for s in r})
-    rho_of = {s: classes[s.split()[-1 if s.startswith("Finding") else 2].rstrip(".") if s.startswith("Report")
-                         else s.split()[1]] for s in sents}
-    pll = np.array([(np.log(rho_of[s]) - np.log(a)) / k for s in sents])
-    table = pd.DataFrame({"sentence_hash": [sentence_hash(s) for s in sents], "sentence": sents, "count": 1,
-                          "n_tokens": 4, "n_scored": 4, "pll": pll, "pll_per_token": pll / 4,
-                          "eta": np.minimum(0.2 * np.exp(0.35 * pll), 0.5)})
-    res = calibrate(manifest, table, tmp_path / "cal", eta_meta={"a": 0.2, "k": 0.35, "norm": "sum", "eta_max": 0.5})
-    s = res["sentence"]
-    assert s["spearman_logp_logrho"] == pytest.approx(1.0) and s["fit"]["r2"] == pytest.approx(1.0)
-    assert s["fit"]["a"] == pytest.approx(a, rel=1e-6) and s["fit"]["k"] == pytest.approx(k, rel=1e-6)
-    mis = s["misspecification_heldout"]
-    assert min(mis, key=mis.get).startswith("fitted") and min(mis.values()) == pytest.approx(0.0, abs=1e-9)
+    wordings = ["No pneumothorax.", "Small left pleural effusion.", "The lungs are clear.", "Mild cardiomegaly.",
+                "Right lower lobe pneumonia.", "Large right pneumothorax.", "Pulmonary edema.", "No pleural effusion."]
+    rng = np.random.default_rng(0)
+    weights = np.geomspace(8, 1, 8)
+    rows = [list(rng.choice(wordings, size=int(rng.integers(1, 4)), replace=False, p=weights / weights.sum()))
+            for _ in range(120)]
+    rows = [[str(x) for x in r] for r in rows]
+    splits = ["train" if i % 4 else "test" for i in range(120)]
+    manifest = pd.DataFrame({"index": np.arange(120), "split": splits, "sentences": rows,
+                             "latent_class": "c", "latent_class_prob": np.linspace(0.01, 0.3, 120)})
+    train = [r for r, sp in zip(rows, splits) if sp == "train"]
+    mass = {}
+    for r in train:  # rho_sent by brute force: uniform reports, uniform sentences
+        for x in r:
+            mass[sentence_key(x)] = mass.get(sentence_key(x), 0.0) + 1.0 / (len(train) * len(r))
+    a, k = 0.5, 0.2
+    sents = sorted({x for r in rows for x in r})
+    rho = np.array([mass[sentence_key(x)] for x in sents])
+    pll = (np.log(rho) - np.log(a)) / k
+    table = pd.DataFrame({"sentence_hash": [sentence_hash(x) for x in sents], "sentence": sents, "count": 1,
+                          "n_tokens": 4, "n_scored": 4, "pll": pll, "pll_per_token": pll / 4, "eta": rho})
+    res = calibrate(manifest, table, tmp_path / "cal", eta_meta={"norm": "sum", "eta_max": 0.5})
+    t = res["variants"]["table"]
+    assert t["mean_ratio"] == pytest.approx(1.0) and t["spearman"] == pytest.approx(1.0)
+    assert t["median_abs_log_ratio"] == pytest.approx(0.0, abs=1e-12) and t["misspecification"] == pytest.approx(0.0)
+    g = res["variants"]["ground_truth_power"]
+    assert g["a"] == pytest.approx(a, rel=1e-4) and g["k"] == pytest.approx(k, rel=1e-4)
+    assert res["variants"]["paper"]["median_abs_log_ratio"] > 0.5
+    assert res["mean_rho"] == pytest.approx(sum(mass[sentence_key(x)] / (len(train) * len(r)) for r in train
+                                                for x in r))
+    assert res["n_keys"] == len({sentence_key(x) for r in train for x in r}) and "study" in res
     assert (tmp_path / "cal" / "calibration.png").stat().st_size > 10_000
-    assert len(pd.read_csv(tmp_path / "cal" / "per_class.csv")) == 12
-    with pytest.raises(MedclrError, match="latent_class"):
-        calibrate(manifest.drop(columns=["latent_class_prob"]), table, tmp_path / "cal")
+    assert len(pd.read_csv(tmp_path / "cal" / "per_key.csv")) == res["n_keys"]
+    assert set(res["reliability"]) == {"table", "sentence_fit", "string_fit", "paper"}
     # ground truth from a separate table (the phantom's), joined on dicom_id
     from medclr.lm.calibrate import attach_ground_truth
 
     ids = [f"d{i}" for i in range(120)]
     manifest["dicom_id"] = ids
-    pd.DataFrame({"dicom_id": ids[::-1], "latent_class": cls[::-1], "latent_class_prob": rho[::-1]}).to_parquet(
+    prior = manifest["latent_class_prob"].tolist()
+    pd.DataFrame({"dicom_id": ids[::-1], "latent_class": ["c"] * 120, "latent_class_prob": prior[::-1]}).to_parquet(
         tmp_path / "gt.parquet")
     joined = attach_ground_truth(manifest.drop(columns=list(GROUND_TRUTH)), tmp_path / "gt.parquet")
-    assert joined["latent_class_prob"].tolist() == rho
+    assert joined["latent_class_prob"].tolist() == prior
     with pytest.raises(MedclrError, match="not found"):
         attach_ground_truth(manifest, tmp_path / "missing.parquet")

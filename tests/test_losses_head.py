@@ -58,12 +58,13 @@ def lse_nl_by_hand(regions, text, head) -> np.ndarray:
     return np.log(np.mean(np.exp(gamma * cos), axis=-1)) / gamma
 
 
-def _infonce(s, tau):
+def _infonce(s, tau, anchor="symmetric"):
     rows = lambda m: -(np.diag(m) / tau - np.log(np.exp(m / tau).sum(1)))  # noqa: E731
-    return 0.5 * (rows(s).mean() + rows(s.T).mean())
+    return rows(s.T).mean() if anchor == "text" else 0.5 * (rows(s).mean() + rows(s.T).mean())
 
 
-def _dcl(s, tau, eta):
+def _dcl(s, tau, eta, anchor="text"):
+    """s: images x sentences; "text" = the paper's rows, each sentence against all images (s.T)."""
     n = s.shape[0] - 1
 
     def rows(m):
@@ -71,7 +72,7 @@ def _dcl(s, tau, eta):
         neg = np.exp(m / tau).sum(1) - pos
         ng = np.maximum((neg - n * eta * pos) / (1 - eta), n * math.exp(-1 / tau))
         return -np.log(pos / (pos + ng))
-    return 0.5 * (rows(s).mean() + rows(s.T).mean())
+    return rows(s.T).mean() if anchor == "text" else 0.5 * (rows(s).mean() + rows(s.T).mean())
 
 
 def _siglip(s, t, b):
@@ -85,19 +86,22 @@ def _t_infonce(s, tau, nu):
 
 
 ETA = np.linspace(0.0, 0.25, B)
+# case id -> (loss name, constructor kwargs, formula on the images x sentences matrix)
 HAND = {
-    "infonce": ({"tau": 0.1}, lambda s: _infonce(s, 0.1)),
-    "dcl": ({"tau": 0.2, "eta": 0.1}, lambda s: _dcl(s, 0.2, 0.1)),
-    "dcl_lm": ({"tau": 0.2}, lambda s: _dcl(s, 0.2, ETA)),
-    "siglip": ({"scale_init": 5.0, "bias_init": -2.0}, None),  # formula with the loss's stored t and b
-    "t_infonce": ({"tau": 0.8}, lambda s: _t_infonce(s, 0.8, 5.0)),
+    "infonce": ("infonce", {"tau": 0.1}, lambda s: _infonce(s, 0.1)),
+    "infonce_text": ("infonce", {"tau": 0.1, "anchor": "text"}, lambda s: _infonce(s, 0.1, "text")),
+    "dcl": ("dcl", {"tau": 0.2, "eta": 0.1}, lambda s: _dcl(s, 0.2, 0.1)),
+    "dcl_lm": ("dcl_lm", {"tau": 0.2}, lambda s: _dcl(s, 0.2, ETA)),
+    "dcl_lm_symmetric": ("dcl_lm", {"tau": 0.2, "anchor": "symmetric"}, lambda s: _dcl(s, 0.2, ETA, "symmetric")),
+    "siglip": ("siglip", {"scale_init": 5.0, "bias_init": -2.0}, None),  # formula with the loss's stored t and b
+    "t_infonce": ("t_infonce", {"tau": 0.8}, lambda s: _t_infonce(s, 0.8, 5.0)),
 }
 
 
-@pytest.mark.parametrize("name", sorted(HAND))
-def test_loss_on_lse_nl_blocks_equals_the_paper_formula(name):
+@pytest.mark.parametrize("case", sorted(HAND))
+def test_loss_on_lse_nl_blocks_equals_the_paper_formula(case):
     regions, text, head = _case()
-    kw, formula = HAND[name]
+    name, kw, formula = HAND[case]
     loss = build_loss(name, **kw).double()
     s_hand = lse_nl_by_hand(regions, text, head)
     sims = score_blocks(head.score, head.image_side(_features(regions)), text)
@@ -114,7 +118,7 @@ STATEFUL = [("sogclr", {"num_samples": 12, "tau": 0.2, "gamma": 0.7}),
             ("decl", {"num_samples": 12, "tau": 0.3})]
 
 
-@pytest.mark.parametrize("name, kw", [(n, kw) for n, (kw, _) in HAND.items()] + STATEFUL,
+@pytest.mark.parametrize("name, kw", [(n, kw) for n, kw, _ in HAND.values()] + STATEFUL,
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_cosine_blocks_give_exactly_the_embedding_numbers(name, kw):
     g = torch.Generator().manual_seed(3)

@@ -43,17 +43,19 @@ def bf_infonce(img, txt, tau):
     return tot / (2 * B)
 
 
-def bf_dcl(img, txt, tau, eta):
+def bf_dcl(img, txt, tau, eta, anchor="text"):
+    """Rows = anchors: text-anchored rows only (the paper), or both directions averaged."""
     x, y = _unit(img), _unit(txt)
     B, N = x.shape[0], x.shape[0] - 1
+    sims = (y @ x.T,) if anchor == "text" else (x @ y.T, y @ x.T)
     tot = 0.0
-    for sim in (x @ y.T, y @ x.T):
+    for sim in sims:
         for i in range(B):
             pos = torch.exp(sim[i, i] / tau)
             neg = sum(torch.exp(sim[i, j] / tau) for j in range(B) if j != i)
             ng = torch.clamp((neg - N * eta[i] * pos) / (1 - eta[i]), min=N * math.exp(-1 / tau))
             tot = tot - torch.log(pos / (pos + ng))
-    return tot / (2 * B)
+    return tot / (len(sims) * B)
 
 
 def bf_siglip(img, txt, t, b):
@@ -121,23 +123,26 @@ def test_infonce_module(tau):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
-def test_dcl_and_dcl_lm_modules():
+@pytest.mark.parametrize("anchor", [None, "text", "symmetric"])
+def test_dcl_and_dcl_lm_modules(anchor):
+    kw = {} if anchor is None else {"anchor": anchor}
+    bf_anchor = anchor or "text"  # the default is the paper's text anchor
     img, txt = _emb(seed=2)
     eta = torch.tensor([0.1, 0.0, 0.3, 0.05, 0.2, 0.12], dtype=torch.float64)
-    v, g = _grads(build_loss("dcl", tau=0.5, eta=0.1), img, txt)
-    vb, gb = _grads(lambda a, b: bf_dcl(a, b, 0.5, [0.1] * 6), img, txt)
+    v, g = _grads(build_loss("dcl", tau=0.5, eta=0.1, **kw), img, txt)
+    vb, gb = _grads(lambda a, b: bf_dcl(a, b, 0.5, [0.1] * 6, bf_anchor), img, txt)
     torch.testing.assert_close(v, vb, rtol=1e-12, atol=1e-12)
     for a, b in zip(g, gb):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
-    lm = build_loss("dcl_lm", tau=0.5)
+    lm = build_loss("dcl_lm", tau=0.5, **kw)
     v, g = _grads(lambda a, b: lm(a, b, eta=eta), img, txt)
-    vb, gb = _grads(lambda a, b: bf_dcl(a, b, 0.5, eta), img, txt)
+    vb, gb = _grads(lambda a, b: bf_dcl(a, b, 0.5, eta, bf_anchor), img, txt)
     torch.testing.assert_close(v, vb, rtol=1e-12, atol=1e-12)
     for a, b in zip(g, gb):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
-    # eta = 0 everywhere: dcl_lm is infonce
+    # eta = 0 everywhere: dcl_lm is infonce with the same anchor
     v0, _ = _grads(lambda a, b: lm(a, b, eta=torch.zeros(6)), img, txt)
-    torch.testing.assert_close(v0, _grads(build_loss("infonce", tau=0.5), img, txt)[0])
+    torch.testing.assert_close(v0, _grads(build_loss("infonce", tau=0.5, anchor=bf_anchor), img, txt)[0])
 
 
 @pytest.mark.parametrize("learnable", [True, False])
@@ -191,8 +196,10 @@ def test_gradcheck_modules():
     eta = torch.tensor([0.1, 0.0, 0.2, 0.05], dtype=torch.float64)
     cases = [
         build_loss("infonce", tau=0.3),
+        build_loss("infonce", tau=0.3, anchor="text"),
         build_loss("dcl", tau=0.3, eta=0.1),
         functools.partial(build_loss("dcl_lm", tau=0.3), eta=eta),
+        functools.partial(build_loss("dcl_lm", tau=0.3, anchor="symmetric"), eta=eta),
         build_loss("siglip", learnable=False).double(),
         build_loss("t_infonce", tau=0.5),
         build_loss("t_infonce", tau=0.5, normalization="anchor"),

@@ -59,7 +59,7 @@ def test_weighted_batches_are_a_function_of_the_step_split_over_ranks():
 
 
 def test_study_weights_group_reports_by_their_rarest_stated_finding():
-    from medclr.training.data import study_weights
+    from medclr.data.pairs import study_weights
 
     rows = [["Small left pleural effusion.", "No pneumothorax."],          # effusion
             ["Bilateral pleural effusions.", "Right pneumothorax."],       # effusion + pneumothorax -> pneumothorax

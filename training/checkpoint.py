@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from medclr.errors import MedclrError
-from medclr.inference.checkpoint import SAMPLE_INDEX_KEY  # not part of the loss's state_dict
+from medclr.inference.checkpoint import SAMPLE_INDEX_KEY, TEXT_HASH_KEY, hash_to_int  # not in the loss's state_dict
 from medclr.inference.metadata import METADATA_NAME, CheckpointMeta, write_metadata
 
 CKPT_DIR = "checkpoints"
@@ -133,12 +133,16 @@ def _fsync_tree(path: Path) -> None:
 
 
 def save_loss_state(loss: torch.nn.Module, path: Path, meta: dict[str, str],
-                    sample_index: np.ndarray | None = None) -> None:
+                    sample_index: np.ndarray | None = None, texts: list[str] | None = None) -> None:
     from safetensors.torch import save_file
+
+    from medclr.data.text import sentence_hash
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in loss.state_dict().items()}
     if sample_index is not None:
         tensors[SAMPLE_INDEX_KEY] = torch.tensor(np.asarray(sample_index, dtype=np.int64))  # a copy: the table may be read-only
+    if texts is not None and getattr(loss, "num_texts", None) is not None:
+        tensors[TEXT_HASH_KEY] = torch.tensor([hash_to_int(sentence_hash(t)) for t in texts], dtype=torch.int64)
     save_file(tensors, str(path), metadata={k: str(v) for k, v in meta.items()})
 
 
@@ -147,6 +151,7 @@ def load_loss_state(loss: torch.nn.Module, path: Path) -> None:
 
     state = load_file(str(path))
     state.pop(SAMPLE_INDEX_KEY, None)
+    state.pop(TEXT_HASH_KEY, None)
     own = loss.state_dict()
     bad = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
     if bad or set(own) != set(state):
@@ -215,7 +220,7 @@ def _absolute(path: str | None) -> str | None:
 
 def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, scaler, trainer_state: dict,
                     config_yaml: str, env, keep_last: int, barrier,
-                    sample_index: np.ndarray | None = None) -> Path:
+                    sample_index: np.ndarray | None = None, texts: list[str] | None = None) -> Path:
     """Collective: every rank calls it (each writes its own RNG state); rank 0 writes the rest."""
     out = Path(out)
     tmp = out / CKPT_DIR / f".tmp-step-{step:07d}"
@@ -230,7 +235,7 @@ def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, 
         model.save_pretrained(tmp)
         save_loss_state(loss, tmp / "loss_state.safetensors",
                         {"loss": trainer_state.get("loss", ""), "num_samples": trainer_state.get("n_train", "")},
-                        sample_index)
+                        sample_index, texts)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "optimizer.pt")
         write_metadata(tmp, checkpoint_meta(trainer_state, loss))

@@ -26,8 +26,9 @@ from medclr.errors import MedclrError
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 ROOT_CONFIG = "base"
 # Keys of the `loss:` section that the trainer consumes itself; the rest go to build_loss.
-TRAINER_LOSS_KEYS = ("name", "eta_source")
-ETA_SOURCES = ("none", "lm", "true")
+TRAINER_LOSS_KEYS = ("name", "eta_source", "zeta_key")
+ZETA_KEYS = ("sentence", "study")
+ETA_SOURCES = ("none", "lm", "true", "study_prior")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
@@ -291,8 +292,13 @@ def _validate_loss(cfg: dict) -> None:
     if src not in ETA_SOURCES:
         raise MedclrError(f"config loss.eta_source {loss.get('eta_source')!r}: expected one of {', '.join(ETA_SOURCES)}")
     loss["eta_source"] = src
+    zkey = str(loss.get("zeta_key", "sentence")).lower()
+    if zkey not in ZETA_KEYS:
+        raise MedclrError(f"config loss.zeta_key {loss.get('zeta_key')!r}: expected one of {', '.join(ZETA_KEYS)}")
+    loss["zeta_key"] = zkey
     if name == "dcl_lm" and src == "none":
-        raise MedclrError("config loss: dcl_lm needs per-pair eta; set loss.eta_source=lm (eta table) or true (phantom)")
+        raise MedclrError("config loss: dcl_lm needs per-pair eta; set loss.eta_source=lm (eta table), true "
+                              "(phantom: rho_sent of the drawn sentence) or study_prior (phantom: the study's class prior)")
     if src == "lm":
         eta = cfg["data"].get("eta")
         if not eta:
@@ -313,6 +319,13 @@ def needs_num_samples(name: str) -> bool:
     from medclr.losses import LOSSES
 
     return "num_samples" in inspect.signature(LOSSES[name].__init__).parameters
+
+
+def takes_num_texts(name: str) -> bool:
+    """Whether the loss keeps per-text tables that can be keyed by sentence (NUCLR's zeta_txt)."""
+    from medclr.losses import LOSSES
+
+    return "num_texts" in inspect.signature(LOSSES[name].__init__).parameters
 
 
 def dump_yaml(cfg: dict) -> str:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from medclr.data.hard_negatives import hard_negatives, short_form
+from medclr.data.pairs import sentence_probabilities
 from medclr.errors import MedclrError
 from medclr.geometry import centre_crop, resize_shorter_side
 from medclr.training.augment import drawn_parameters, unit_float
@@ -55,6 +56,18 @@ class TrainTable:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    @cached_property
+    def texts(self) -> list[str]:
+        """The distinct sentences of the rows, sorted: ``text_ids`` index into it."""
+        return sorted({s for row in self.sentences for s in row})
+
+    @cached_property
+    def text_ids(self) -> list[np.ndarray]:
+        """Per row, the position of each of its sentences in :attr:`texts` (the key of sentence-keyed tables:
+        NUCLR's text popularity with ``loss.zeta_key: sentence``)."""
+        pos = {s: i for i, s in enumerate(self.texts)}
+        return [np.array([pos[s] for s in row], dtype=np.int64) for row in self.sentences]
 
 
 def _fingerprint(df) -> str:
@@ -102,10 +115,24 @@ def _eta_from_table(rows, cfg: dict) -> list[np.ndarray]:
     return [np.asarray(a, dtype=np.float32) for a in per_row]
 
 
-def _eta_true(rows, manifest: str) -> list[np.ndarray]:
+def _eta_true(rows, cfg: dict) -> list[np.ndarray]:
+    """The oracle per sentence: rho_sent, the frequency of the sentence's ground-truth key among the training
+    pairs as this run's sampler draws them (``medclr.phantom.sentence_keys``)."""
+    from medclr.phantom.sentence_keys import rho_sent
+
+    d = cfg["data"]
+    rho = rho_sent([list(s) for s in rows["sentences"]], sentence_sampling=d["sentence_sampling"],
+                   other_weight=float(d["other_sentence_weight"]), study_sampling=d["study_sampling"],
+                   study_balance=float(d["study_balance"]))
+    return [np.minimum(r, float(d["eta_max"])).astype(np.float32) for r in rho]
+
+
+def _eta_study_prior(rows, manifest: str) -> list[np.ndarray]:
+    """The study's latent-class prior (one value for every sentence of the study): the oracle before rho_sent,
+    kept to compare with it."""
     col = "latent_class_prob"
     if col not in rows:
-        raise MedclrError(f"{manifest}: loss.eta_source=true needs the manifest column {col!r} "
+        raise MedclrError(f"{manifest}: loss.eta_source=study_prior needs the manifest column {col!r} "
                           "(CXR-Phantom ground truth: medclr.phantom.attach_ground_truth)")
     p = rows[col].to_numpy(dtype=np.float64)
     if np.isnan(p).any() or p.min() < 0 or p.max() >= 1:
@@ -127,7 +154,9 @@ def load_table(cfg: dict, split: str | None = None, eta: bool = True) -> TrainTa
     if src == "lm":
         eta_rows = _eta_from_table(rows, cfg)
     elif src == "true":
-        eta_rows = _eta_true(rows, manifest)
+        eta_rows = _eta_true(rows, cfg)
+    elif src == "study_prior":
+        eta_rows = _eta_study_prior(rows, manifest)
     labels = None
     if all(c in rows for c in CHEX5):
         labels = rows[list(CHEX5)].to_numpy(dtype=np.float64)
@@ -213,51 +242,6 @@ def _plain(x) -> torch.Tensor:
     return x.as_tensor() if hasattr(x, "as_tensor") else torch.as_tensor(x)
 
 
-def sentence_probabilities(sentences: list[list[str]], mode: str, other_weight: float = 0.1) -> list[np.ndarray] | None:
-    """Per row, the probability of drawing each of its sentences (None = uniform).
-
-    ``findings``: a sentence that states a finding (``medclr.data.hard_negatives.states_finding``:
-    it names one and is neither negated nor hedged) weighs 1, any other sentence ``other_weight``.
-    Reports are mostly boilerplate ("No pneumothorax.", "Heart size normal."): drawn uniformly, a
-    report's finding sentence is 9 % of the demo's draws although a third of its reports state one;
-    with weight 0.1 it is most of them, so a fixed step budget shows the image tower each finding
-    several times as often. Label-free: only the report's own words decide."""
-    from medclr.data.hard_negatives import states_finding
-
-    if mode == "uniform":
-        return None
-    if mode != "findings":
-        raise MedclrError(f"config data.sentence_sampling {mode!r}: expected uniform or findings")
-    out = []
-    for row in sentences:
-        w = np.array([1.0 if states_finding(s) else other_weight for s in row], dtype=np.float64)
-        out.append(w / w.sum())
-    return out
-
-
-def study_weights(sentences: list[list[str]], mode: str, power: float = 0.5) -> np.ndarray | None:
-    """Per row, its weight in the batch draw (None = uniform: every row once per epoch).
-
-    ``findings``: a report's group is the rarest finding it states (``stated_findings``; counts over
-    these rows), or "none"; the row weighs count(group) ** -power. Power 1 draws every group equally
-    often, 0 is uniform, 0.5 (the default) halves the imbalance on a log scale. The demo's training
-    reports state pneumonia in 51 of 2,660 and pneumothorax in 109, so a fixed step budget shows the
-    image tower those findings a few dozen times each; the rare groups gain what the "none" group
-    (1,451 reports) and the common findings lose. Label-free: the report's own words decide. It
-    changes the class frequencies the losses see, which the debiased losses' η assume natural."""
-    from medclr.data.hard_negatives import stated_findings
-
-    if mode == "uniform":
-        return None
-    if mode != "findings":
-        raise MedclrError(f"config data.study_sampling {mode!r}: expected uniform or findings")
-    stated = [stated_findings(row) for row in sentences]
-    counts = Counter(f for found in stated for f in found)
-    counts["none"] = sum(not found for found in stated)
-    group = [min(found, key=lambda f: (counts[f], f)) if found else "none" for found in stated]
-    return np.array([counts[g] ** -float(power) for g in group], dtype=np.float64)
-
-
 class PairDataset(torch.utils.data.Dataset):
     """Cached images + sentences. ``ds[(epoch, i)]`` is a random training view of pair i
     (``(step, i)`` under weighted draws);
@@ -323,7 +307,8 @@ class PairDataset(torch.utils.data.Dataset):
             i, j, hard, augment = int(key), 0, [], None
             sentence = self.table.sentences[i][j]
             img = centre_crop(_plain(unit_float(self.images[i]["image"])), self.crop)
-        item = {"image": img.contiguous(), "sentence": sentence, "index": i, "eta": self._eta(i, j), "hard": hard}
+        item = {"image": img.contiguous(), "sentence": sentence, "index": i, "eta": self._eta(i, j), "hard": hard,
+                "text_index": int(self.table.text_ids[i][j])}  # the drawn sentence (before any short form)
         return item if augment is None else {**item, "augment": augment}
 
     def training_sentence(self, epoch: int, i: int) -> tuple[int, str]:
@@ -377,6 +362,7 @@ class Collate:
             "augment": torch.stack([it["augment"] for it in items]) if "augment" in items[0] else None,
             "tokens": TextEncoder.tokenize(self.proxy, sentences + [text for _, text in hard]),
             "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
+            "text_index": torch.tensor([it["text_index"] for it in items], dtype=torch.long),
             "eta": None if any(e is None for e in etas) else torch.tensor(etas, dtype=torch.float32),
             "sentences": sentences,
             "hard_index": torch.tensor([i for i, _ in hard], dtype=torch.long),

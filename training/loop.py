@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from medclr.data.pairs import study_weights
 from medclr.errors import MedclrError
 from medclr.losses.base import ContrastiveLoss
 from medclr.losses.distributed import score_blocks
@@ -40,8 +41,8 @@ from medclr.losses.hard_negatives import hard_negative_term
 from medclr.training import checkpoint as ckpt_mod
 from medclr.training.augment import apply_on_device, augment_place
 from medclr.training.budget import StepBudget
-from medclr.training.config import dump_yaml, loss_kwargs, needs_num_samples
-from medclr.training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table, study_weights
+from medclr.training.config import dump_yaml, loss_kwargs, needs_num_samples, takes_num_texts
+from medclr.training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table
 from medclr.training.distributed import (
     DistEnv,
     all_reduce_mean,
@@ -137,20 +138,26 @@ def preflight(cfg: dict, resume: str | None, world_size: int) -> Plan:
     elif ckpt_mod.latest_checkpoint(out) is not None:
         raise MedclrError(f"out {out} already holds a training run ({ckpt_mod.latest_checkpoint(out).name}); "
                           "pass --resume to continue it, or choose another out")
-    loss, warnings = configured_loss(cfg, n, spe, total)
+    loss, warnings = configured_loss(cfg, n, spe, total, num_texts=len(table.texts))
     check_images_exist(table, cfg["data"]["manifest"])
     return Plan(cfg, out, text_model, table, ckpt, state, spe, total, loss, warnings)
 
 
-def configured_loss(cfg: dict, num_samples: int, steps_per_epoch: int,
-                    total_steps: int) -> tuple[ContrastiveLoss, list[str]]:
+def configured_loss(cfg: dict, num_samples: int, steps_per_epoch: int, total_steps: int,
+                    num_texts: int | None = None) -> tuple[ContrastiveLoss, list[str]]:
     """The run's loss, built from the `loss:` section and fitted to the run by its own ``configure``
-    hook (e.g. NUCLR's freeze in epochs -> steps), with the warnings that hook returns."""
+    hook (e.g. NUCLR's freeze in epochs -> steps), with the warnings that hook returns. A loss with
+    per-text tables keys them by sentence (``num_texts`` distinct sentences) under ``loss.zeta_key:
+    sentence``, by the study under ``study``."""
     from medclr.losses import build_loss
 
     kwargs = loss_kwargs(cfg)
     if needs_num_samples(cfg["loss"]["name"]):
         kwargs["num_samples"] = num_samples
+    if cfg["loss"].get("zeta_key") == "sentence" and takes_num_texts(cfg["loss"]["name"]):
+        if num_texts is None:
+            raise MedclrError("loss.zeta_key=sentence needs the number of distinct training sentences")
+        kwargs["num_texts"] = int(num_texts)
     loss = build_loss(cfg["loss"]["name"], **kwargs)
     warnings = loss.configure(num_samples=num_samples, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
     return loss, list(warnings or [])
@@ -354,6 +361,7 @@ class Run:
         env, loss, head = self.env, self.loss, self.head
         batch = on_device(batch, env.device)
         images, tokens, index, eta = batch["images"], batch["tokens"], batch["index"], batch["eta"]
+        text_index = batch["text_index"]
         loss.on_step(self.step, self.total)  # the loss's own schedule (medclr.losses.base)
         amp = self.amp_dtype
         with torch.autocast(env.device.type, dtype=amp or torch.float32, enabled=amp is not None):
@@ -361,9 +369,9 @@ class Run:
         # exps/logs in float32: the losses upcast and disable autocast themselves; be explicit anyway
         img_side, txt_emb = img_side.float(), txt_all[: images.shape[0]].float()
         if head is None:
-            value = loss(img_side, txt_emb, index=index, eta=eta)
+            value = loss(img_side, txt_emb, index=index, eta=eta, text_index=text_index)
         else:
-            value = loss(sims=score_blocks(head.score, img_side, txt_emb), index=index, eta=eta)
+            value = loss(sims=score_blocks(head.score, img_side, txt_emb), index=index, eta=eta, text_index=text_index)
         if self.hard_weight <= 0:
             return value, None
         rows = batch["hard_index"]
@@ -446,7 +454,7 @@ class Run:
                                  scheduler=self.scheduler, scaler=self.scaler, trainer_state=self.trainer_state(),
                                  config_yaml=dump_yaml(cfg), env=env, keep_last=int(cfg["ckpt"]["keep_last"]),
                                  barrier=lambda: barrier(env),
-                                 sample_index=self.plan.table.manifest_index)
+                                 sample_index=self.plan.table.manifest_index, texts=self.plan.table.texts)
         if env.is_main:
             print(f"checkpoint {ckpt_mod.step_dir(out, self.step)}", flush=True)
 

@@ -242,6 +242,50 @@ def short_form(sentence: str, pick=lambda n: 0) -> str | None:
     return _cap(found[0].group(0)) + "."
 
 
+# Words that do not change what a sentence states about the chest ("The lungs are clear." = "Lungs clear.").
+_FILLER = frozenset(
+    "the a an is are was were be been being there of and or with in on at to for this that these those as by from "
+    "its it has have had seen noted identified present visualized visualised demonstrated evident again also both "
+    "appear appears appearing otherwise which within".split())
+_NORMAL_WORDS = re.compile(r"\b(?:normal|clear|unremarkable|intact|negative|no acute|within normal limits)\b",
+                           re.IGNORECASE)
+# "Heart size is normal." says there is no cardiomegaly without naming it
+_NORMAL_HEART = re.compile(r"\b(?:heart|cardiac|cardiomediastinal)\b[^.;]*\b(?:normal|unremarkable|within normal limits|"
+                           r"not enlarged)\b", re.IGNORECASE)
+
+
+def meaning_key(sentence: str) -> str:
+    """A label-free key of what a sentence states, read from its words: equal keys for paraphrases.
+
+    * a sentence naming findings of :data:`FINDINGS`: its polarity ("+" stated, "-" cleanly negated, "?"
+      hedged or mixed), the sorted findings and, for a statement, the one side it names
+      ("+pleural effusion:left", "-pleural effusion|pneumothorax");
+    * a sentence naming none that calls the heart normal ("Heart size is normal."): ``-cardiomegaly``;
+    * a sentence naming none that says something else is normal ("The lungs are clear.", "No acute
+      cardiopulmonary process."): ``normal``, the pooled normal statement (a rule labeller's "No Finding");
+    * anything else: ``~`` and its sorted content words ("~sternotomy wire"), so only paraphrases with
+      the same words meet.
+
+    What ``medclr lm score`` calibrates eta_LM to (the frequency of the key among training pairs,
+    ``medclr.data.pairs.key_frequency``): no label enters, only the report's own words."""
+    text = " ".join(str(sentence).split())
+    found = sorted(f for f, (p, _) in FINDINGS.items() if p.search(text))
+    if found:
+        if is_negated(text):
+            polarity = "-" if negate(text) is not None else "?"
+        else:
+            polarity = "+" if _states(text) else "?"
+        named = [side for side, p in _SIDES.items() if p.search(text)]
+        side = f":{named[0]}" if polarity == "+" and len(named) == 1 and not _BOTH_SIDES.search(text) else ""
+        return polarity + "|".join(found) + side
+    if _NORMAL_HEART.search(text) and not _MIXED.search(text):
+        return "-cardiomegaly"
+    if _NORMAL_WORDS.search(text) and not _MIXED.search(text):
+        return "normal"
+    words = {w[:-1] if w.endswith("s") and len(w) > 4 else w for w in re.findall(r"[a-z]+", text.lower())}
+    return "~" + " ".join(sorted(w for w in words if len(w) > 2 and w not in _FILLER))
+
+
 def hard_negatives(sentence: str, report: list[str], kinds=KINDS, pick=lambda n: 0) -> list[str]:
     """The hard negative texts of ``sentence`` (drawn from ``report``), in ``kinds`` order, each
     different from every sentence of the report."""
@@ -259,5 +303,5 @@ def hard_negatives(sentence: str, report: list[str], kinds=KINDS, pick=lambda n:
     return out
 
 
-__all__ = ["FINDINGS", "KINDS", "hard_negatives", "is_negated", "negate", "short_form",
+__all__ = ["FINDINGS", "KINDS", "hard_negatives", "is_negated", "meaning_key", "negate", "short_form",
            "stated_findings", "states_finding", "swap_finding", "swap_side"]

@@ -20,6 +20,14 @@ from medclr.models.dual import WEIGHTS_NAME
 # loss_state.safetensors: per-sample tables (u, zeta) are indexed by the row's position in the training
 # split; this tensor beside them maps each position to the manifest `index` (written by training).
 SAMPLE_INDEX_KEY = "sample_manifest_index"
+# Text tables keyed by sentence (NUCLR with loss.zeta_key: sentence) are indexed by the sentence's position in
+# the sorted distinct training sentences; this tensor maps each position to its sentence_hash as an int64
+# (the hash's first 15 hex digits, medclr.data.text.sentence_hash).
+TEXT_HASH_KEY = "text_sentence_hash"
+
+
+def hash_to_int(sentence_hash: str) -> int:
+    return int(sentence_hash[:15], 16)
 DEFAULT_TAU = 1.0 / 14.0  # the paper initialises the hypersphere radius at sqrt(14): tau = 1/gamma^2
 
 

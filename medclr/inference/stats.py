@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from medclr.errors import MedclrError
-from medclr.inference.checkpoint import LOSS_STATE_NAME, SAMPLE_INDEX_KEY
+from medclr.inference.checkpoint import LOSS_STATE_NAME, SAMPLE_INDEX_KEY, TEXT_HASH_KEY, hash_to_int
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +24,9 @@ class SentenceStats:
     """eta_LM per sentence (eta table) and NUCLR zeta per manifest index (loss_state.safetensors)."""
 
     def __init__(self, eta: Mapping[str, float] | None = None, zeta: Mapping[str, Mapping[int, float]] | None = None,
-                 eta_source: str | None = None) -> None:
+                 eta_source: str | None = None, sentence_zeta: Mapping[int, float] | None = None) -> None:
         self._eta, self._zeta, self.eta_source = dict(eta or {}), dict(zeta or {}), eta_source
+        self._sentence_zeta = dict(sentence_zeta or {})  # zeta_txt keyed by sentence (loss.zeta_key: sentence)
 
     @property
     def has_eta(self) -> bool:
@@ -33,7 +34,15 @@ class SentenceStats:
 
     @property
     def has_zeta(self) -> bool:
-        return bool(self._zeta)
+        return bool(self._zeta) or bool(self._sentence_zeta)
+
+    def sentence_zeta(self, sentence: str) -> float | None:
+        """zeta_txt of a training sentence (its popularity as a candidate of image anchors), when the run keyed
+        the text table by sentence; else None."""
+        from medclr.data.text import sentence_hash
+
+        value = self._sentence_zeta.get(hash_to_int(sentence_hash(sentence)))
+        return None if value is None else float(value)
 
     def eta(self, sentence: str) -> float | None:
         from medclr.data.text import sentence_hash
@@ -51,6 +60,7 @@ class SentenceStats:
         """eta from ``eta_table`` (the checkpoint's recorded one), zeta from the directory's loss state."""
         eta: dict[str, float] = {}
         zeta: dict[str, dict[int, float]] = {}
+        sentence_zeta: dict[int, float] = {}
         path = eta_table
         if path and Path(path).is_file():
             try:
@@ -69,11 +79,22 @@ class SentenceStats:
             if rows is None and any("zeta_" in k for k in tables):
                 log.warning("%s has no %s (trained before medclr recorded it); zeta not shown",
                             LOSS_STATE_NAME, SAMPLE_INDEX_KEY)
+            texts = tables.get(TEXT_HASH_KEY)
             for key, value in tables.items() if rows is not None else ():
                 for m in ("txt", "img"):
-                    if key == f"zeta_{m}" or key.endswith(f".zeta_{m}"):
-                        zeta[m] = dict(zip(rows.astype(np.int64).tolist(), np.asarray(value, np.float64).tolist()))
-        return cls(eta, zeta, str(path) if eta else None)
+                    if not (key == f"zeta_{m}" or key.endswith(f".zeta_{m}")):
+                        continue
+                    keys = texts if m == "txt" and texts is not None and len(texts) == len(value) else rows
+                    if len(keys) != len(value):
+                        log.warning("%s: %s has %d entries for %d keys; zeta not shown", LOSS_STATE_NAME, key,
+                                    len(value), len(keys))
+                        continue
+                    table = dict(zip(keys.astype(np.int64).tolist(), np.asarray(value, np.float64).tolist()))
+                    if keys is texts:
+                        sentence_zeta = table
+                    else:
+                        zeta[m] = table
+        return cls(eta, zeta, str(path) if eta else None, sentence_zeta)
 
 
 def _read_eta_table(path: Path) -> dict[str, float]:

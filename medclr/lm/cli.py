@@ -30,14 +30,20 @@ examples:
   medclr lm score --manifest m.parquet --model /models/CXR-BERT --trust-remote-code --out eta.parquet
   medclr lm score --manifest m.parquet --model runs/lm --out eta.parquet --a 0.1 --k 0.5  # cached: eta only
   medclr lm score --manifest m.parquet --model runs/lm --out eta.parquet --eta-fit paper  # a = 0.2, k = 0.35
+  medclr lm score --manifest m.parquet --model runs/lm --out eta_balanced.parquet \
+      --study-sampling findings --study-balance 1  # eta for a run that draws rare findings more often
 
-eta = min(a * p^k, eta_max) with log p = the sentence's PLL (--norm sum, the paper)
-or PLL per word piece (--norm mean). a and k are fitted by default to the corpus:
-least squares of log(occurrences / reports) on log p over the training rows'
-sentences, weighted by occurrences (no labels; the paper's 0.2 and 0.35 fit
-CXR-BERT's PLL scale only). The table's metadata records a, k and the fit
-(eta_params). One row per distinct sentence: sentence_hash,
-sentence, count, n_tokens, n_scored, pll, pll_per_token, eta. Running again scores only
+The paper's eta = min(a * p^k, eta_max) with log p = the sentence's PLL (--norm sum)
+or PLL per word piece (--norm mean) is --eta-fit paper, or --a/--k. By default (--eta-fit meaning) eta is
+calibrated to how often each sentence's meaning occurs, without labels: the
+meaning key (polarity, finding, side; normal statements pooled) is read from
+the words, the LM's probability of a meaning is the sum of p_LM over its
+wordings in the corpus, and an isotonic map from that to the meaning's
+frequency among the training rows' (report, sentence) pairs is fitted in
+linear space, so the mean eta is the mean frequency (the paper's 0.2 and 0.35
+fit CXR-BERT's PLL scale only). The table's metadata records the fit (eta_params:
+the map's knots, or a and k). One row per distinct sentence: sentence_hash, sentence,
+count, n_tokens, n_scored, pll, pll_per_token, eta. Running again scores only
 sentences not yet in --out (same model); medclr.lm.eta.join_eta aligns eta with the
 manifest's sentences for training.
 """
@@ -50,12 +56,16 @@ examples:
   medclr lm calibrate --manifest phantom.parquet --eta phantom_eta.parquet \\
       --ground-truth phantom/phantom_ground_truth.parquet --out runs/calibration
 
-Needs latent_class and latent_class_prob (CXR-Phantom), in the manifest or from
---ground-truth. Writes calibration.json (Spearman, least-squares a and k, the
-misspecification term E|1/(1-eta) - 1/(1-rho)| of several eta choices; under
-eta_variants the paper's a, k, the table's, the label-free corpus fit and the
-fit on rho side by side: eta quantiles, Spearman against rho per sentence and
-per study), calibration.png, per_class.csv.
+Compares eta with rho_sent, the class probability it estimates: how often the
+ground-truth key of a sentence (polarity, finding, side, or "normal", read by the
+phantom's own rules) occurs among the training rows' (report, sentence) pairs as
+training draws them. Per eta variant (the table's a, k, the paper's, the
+label-free meaning fit, the earlier exact-string log fit, the best a * p^k for
+rho, constants 0.05 and 0.1): E[eta]/E[rho], Spearman, the median |log eta/rho|
+and E|1/(1-eta) - 1/(1-rho)|. Writes calibration.json, calibration.png (the
+reliability plot: mean rho against mean eta in 10 bins, and every pair) and
+per_key.csv. --ground-truth adds the study prior (latent_class_prob) for a
+study-level Spearman.
 """
 
 _REPORT_EPILOG = """\
@@ -114,11 +124,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="a masked LM: a local directory (e.g. from `medclr lm fit`) or a hub id already in the cache")
     p.add_argument("--out", required=True, help="eta table parquet (also the cache)")
     p.add_argument("--split", default="all", help="rows to score: a split name or 'all' (default)")
-    p.add_argument("--eta-fit", choices=METHODS, default="corpus",
-                   help="how a, k are chosen when not given: corpus (default) fits them to how often each "
-                   "sentence occurs in the --eta-fit-split rows (label-free); paper takes a = 0.2, k = 0.35")
+    p.add_argument("--eta-fit", choices=METHODS, default="meaning",
+                   help="how eta is calibrated when --a/--k are not given (label-free): meaning (default) maps the "
+                   "LM's probability of the sentence's meaning (summed over its wordings) to how often that meaning "
+                   "occurs among the training pairs; sentence fits eta = a * p^k on the sentence's own PLL to the "
+                   "same target; paper takes a = 0.2, k = 0.35")
     p.add_argument("--eta-fit-split", default="train",
-                   help="rows whose sentence frequencies the corpus fit uses: a split name or 'all' (default train)")
+                   help="rows whose pairs the fit uses: a split name or 'all' (default train)")
+    g = p.add_argument_group("how training draws pairs (the fit's weights; give the values of the training "
+                             "config's data.* keys of the same names when it does not draw uniformly)")
+    g.add_argument("--sentence-sampling", choices=("uniform", "findings"), default="uniform")
+    g.add_argument("--other-sentence-weight", type=float, default=0.1)
+    g.add_argument("--study-sampling", choices=("uniform", "findings"), default="uniform")
+    g.add_argument("--study-balance", type=float, default=0.5)
     p.add_argument("--a", "--eta-a", dest="a", type=float, default=None,
                    help="eta scale a; with --k, overrides --eta-fit (paper: 0.2)")
     p.add_argument("--k", "--eta-k", dest="k", type=float, default=None,
@@ -141,19 +159,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run_score)
 
-    p = sub.add_parser("calibrate", help="eta_LM against the true class probability (phantom): Spearman, fit a, k",
-                       description="Compare log eta_LM with log rho, the true class probability of each study "
-                       "(CXR-Phantom), and fit a, k by least squares on log-log.", epilog=_CAL_EPILOG,
+    p = sub.add_parser("calibrate", help="eta_LM against rho_sent, the class probability it estimates (phantom)",
+                       description="Compare eta_LM with rho_sent, the frequency of each sentence's ground-truth key "
+                       "among the training pairs (CXR-Phantom): scale, ranking, log error, reliability plot.",
+                       epilog=_CAL_EPILOG,
                        formatter_class=fmt)
     p.add_argument("--manifest", required=True,
-                   help="manifest with latent_class and latent_class_prob (or see --ground-truth)")
+                   help="manifest with a sentences column (a CXR-Phantom manifest: its sentences carry the ground-truth keys)")
     p.add_argument("--ground-truth", default=None, metavar="PARQUET",
-                   help="take latent_class / latent_class_prob from this table instead (e.g. "
+                   help="also report the study prior latent_class_prob from this table (e.g. "
                    "phantom/phantom_ground_truth.parquet), joined on dicom_id, else study_id")
     p.add_argument("--eta", required=True, help="eta table from `medclr lm score`")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--norm", choices=("sum", "mean"), default=None, help="default: the eta table's")
-    p.add_argument("--fit-split", default="train", help="rows used to fit a and k; the others evaluate (default train)")
+    p.add_argument("--fit-split", default="train", help="the rows whose pairs define rho_sent and the fits (default train)")
+    p.add_argument("--study-sampling", choices=("uniform", "findings"), default=None,
+                   help="how training draws reports and sentences, for rho_sent (default: what the eta table was "
+                   "calibrated for)")
+    p.add_argument("--study-balance", type=float, default=0.5)
+    p.add_argument("--sentence-sampling", choices=("uniform", "findings"), default="uniform")
+    p.add_argument("--other-sentence-weight", type=float, default=0.1)
     p.set_defaults(run=run_calibrate)
 
     p = sub.add_parser("report", help="PLL distribution and PLL against sentence frequency (plot + json)",
@@ -209,6 +234,9 @@ def run_score(args: argparse.Namespace) -> int:
     summary = score_manifest(manifest, model, tok, args.out, model_name=str(args.model),
                              split=None if args.split == "all" else args.split, a=args.a, k=args.k,
                              eta_fit=args.eta_fit, fit_split=args.eta_fit_split, norm=args.norm,
+                             sampling={"sentence_sampling": args.sentence_sampling,
+                                       "other_weight": args.other_sentence_weight,
+                                       "study_sampling": args.study_sampling, "study_balance": args.study_balance},
                              eta_max=args.eta_max, word_l2r=args.pll == "word-l2r", long=args.long,
                              batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
                              progress=not args.no_progress)
@@ -227,12 +255,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
         manifest = attach_ground_truth(manifest, args.ground_truth)
     table, meta = read_eta_table(args.eta)
-    result = calibrate(manifest, table, args.out, eta_meta=meta, norm=args.norm, fit_split=args.fit_split)
-    s = result["sentence"]
-    variants = {name: {key: v[key] for key in ("a", "k", "spearman_sentence", "spearman_study_mean_eta")}
-                | {"eta_median": v["eta_quantiles"]["0.5"]} for name, v in result["eta_variants"].items()}
-    print(json.dumps({"out": args.out, "spearman": s["spearman_logp_logrho"], "a": s["fit"]["a"], "k": s["fit"]["k"],
-                      "r2": s["fit"]["r2"], "eta_variants": variants}))
+    sampling = None if args.study_sampling is None else {
+        "sentence_sampling": args.sentence_sampling, "other_weight": args.other_sentence_weight,
+        "study_sampling": args.study_sampling, "study_balance": args.study_balance}
+    result = calibrate(manifest, table, args.out, eta_meta=meta, norm=args.norm, fit_split=args.fit_split,
+                       sampling=sampling)
+    keys = ("mean_ratio", "spearman", "median_abs_log_ratio", "misspecification")
+    print(json.dumps({"out": args.out, "pairs": result["n_pairs"], "mean_rho": result["mean_rho"],
+                      "variants": {name: {k: v[k] for k in keys} for name, v in result["variants"].items()}}))
     return 0
 
 

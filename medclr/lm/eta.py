@@ -7,8 +7,8 @@ probability rho(c_x) of a text x from its language-model likelihood:
 
 with log p_LM(x) the pseudo-log-likelihood (paper: a = 0.2, k = 0.35, PLL
 summed over the word pieces, scored by CXR-BERT). Those a, k fit CXR-BERT's PLL
-scale only: ``score_manifest`` fits a, k to the corpus's own sentence frequencies
-by default (label-free, ``medclr.lm.eta_fit``); given a, k override the fit.
+scale only: ``score_manifest`` fits a, k to how often each sentence's meaning occurs
+in the corpus by default (label-free, ``medclr.lm.eta_fit``); given a, k override the fit.
 
 * ``norm="sum"`` (default, the paper): log p = PLL. Longer sentences get a
   smaller eta; in reports a long sentence usually describes a specific, rarer
@@ -159,8 +159,9 @@ def score_manifest(
     split: str | None = None,
     a: float | None = None,
     k: float | None = None,
-    eta_fit: str = "corpus",
+    eta_fit: str = "meaning",
     fit_split: str | None = "train",
+    sampling: dict | None = None,
     norm: str = "sum",
     eta_max: float = DEFAULT_ETA_MAX,
     word_l2r: bool = False,
@@ -177,11 +178,13 @@ def score_manifest(
     The table is rewritten after each block of ``checkpoint_every`` new
     sentences, so an interrupted run resumes where it stopped. Returns a summary dict.
 
-    a, k: given together, they are used as they are; else ``eta_fit`` picks them:
-    ``"corpus"`` (default) fits them to the sentence frequencies of the manifest's
-    ``fit_split`` rows (``medclr.lm.eta_fit``), ``"paper"`` takes 0.2 and 0.35.
+    a, k: given together, eta = a * p^k with them; else ``eta_fit`` calibrates eta
+    (``medclr.lm.eta_fit``): ``"meaning"`` (default) maps the LM's probability of the sentence's
+    meaning to how often that meaning occurs among the ``fit_split`` rows' pairs (drawn as
+    ``sampling`` says: ``medclr.data.pairs.pair_probabilities`` keywords, default uniform),
+    ``"sentence"`` fits a, k on the sentence's own PLL, ``"paper"`` takes 0.2 and 0.35.
     """
-    from medclr.lm.eta_fit import check_eta_choice, resolve_eta_params
+    from medclr.lm.eta_fit import check_eta_choice, eta_of_table, resolve_eta_params
     from medclr.lm.load import model_fingerprint
     from medclr.lm.pll import model_max_length, score_sentences
 
@@ -220,11 +223,14 @@ def score_manifest(
         done = table[table["pll"].notna()]
         full = pd.concat([done, extra], ignore_index=True) if len(extra) else done
         full = full.astype({"count": "int64", "n_tokens": "int64", "n_scored": "int64", "pll": "float64"})
-        a_used, k_used, params = resolve_eta_params(full, manifest, method=eta_fit, a=a, k=k, split=fit_split,
-                                                    norm=norm)
-        full, n_clip = apply_eta(full, a=a_used, k=k_used, norm=norm, eta_max=eta_max)
-        write_eta_table(full, out, {**meta, "a": a_used, "k": k_used, "n_clipped": n_clip, "eta_params": params})
-        return full, n_clip, {"a": a_used, "k": k_used, **params}
+        params = resolve_eta_params(full, manifest, method=eta_fit, a=a, k=k, split=fit_split, norm=norm,
+                                    sampling=sampling, eta_max=eta_max)
+        full = full.copy()
+        full["pll_per_token"] = full["pll"] / np.maximum(full["n_scored"].to_numpy(), 1)
+        full["eta"], n_clip = eta_of_table(full, params, norm=norm, eta_max=eta_max)
+        write_eta_table(full, out, {**meta, "a": params.get("a"), "k": params.get("k"), "n_clipped": n_clip,
+                                    "eta_params": params})
+        return full, n_clip, params
 
     for b0 in range(0, len(todo), max(1, checkpoint_every)):
         block = todo[b0 : b0 + checkpoint_every]
@@ -237,18 +243,18 @@ def score_manifest(
         if b0 + checkpoint_every < len(todo):
             write(known)
     table, n_clip, params = write(known)
-    fit = params["corpus_fit"]
+    fit = params["fit"]
     if "error" not in fit:
-        log.info("eta fitted to the sentence frequencies of the %s rows: a = %.3g, k = %.3g (R^2 %.2f, Spearman "
-                 "%.2f over %d sentences); %s", fit["split"], fit["a"], fit["k"], fit["r2"],
-                 fit["spearman_logp_logfreq"], fit["n_sentences"],
-                 "used" if params["source"] == "corpus" else f"not used: a, k {params['source']}")
+        log.info("eta (%s fit) against the meaning frequency of the %s rows' pairs: Spearman(log p, frequency) %.2f "
+                 "over %d pairs, %d meanings; mean eta %.3g vs mean frequency %.3g; %s", fit["method"], fit["split"],
+                 fit["spearman_logp_target"], fit["n_pairs"], fit["n_keys"], fit["mean_eta"], fit["mean_target"],
+                 "used" if params["source"] == fit["method"] else f"not used: eta from a, k ({params['source']})")
     if n_clip:
-        log.warning("%d sentences had a * p^k > eta_max = %g and were clipped", n_clip, eta_max)
+        log.warning("%d sentences had eta > eta_max = %g and were clipped", n_clip, eta_max)
     eta = table.loc[table["count"] > 0, "eta"]
     summary = {"out": str(out), "sentences": len(st), "distinct": len(current), "scored": int(len(todo)),
                "cached": int(len(current) - len(todo)), "clipped": n_clip, "seconds": round(time.monotonic() - t0, 1),
-               "a": params["a"], "k": params["k"], "eta_params": params["source"],
+               "a": params.get("a"), "k": params.get("k"), "eta_params": params["source"],
                "eta_quantiles": {q: float(eta.quantile(q)) for q in (0.0, 0.1, 0.5, 0.9, 1.0)}}
     log.info("wrote %s: %d sentences; eta median %.3g (10%%: %.3g, 90%%: %.3g); %.1f s", out, len(table),
              summary["eta_quantiles"][0.5], summary["eta_quantiles"][0.1], summary["eta_quantiles"][0.9],

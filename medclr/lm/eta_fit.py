@@ -1,28 +1,42 @@
-"""Label-free choice of a, k in eta = a * p^k for the LM at hand: a fit to the corpus's sentence frequencies.
+"""Label-free calibration of eta_LM for the LM at hand: eta on the scale of how often what a sentence says occurs.
 
-The paper's a = 0.2, k = 0.35 were tuned for CXR-BERT's PLL scale. Another LM puts PLLs on another
-scale (the small domain LM of ``medclr lm fit`` gives most sentences PLLs of -10 to -60), and the same
-a, k then send eta to ~0, i.e. DCL-eta_LM becomes InfoNCE for most pairs. This module fits a, k on
-the corpus itself, without class labels.
+The paper's eta = a * p_LM(x)^k with a = 0.2, k = 0.35 was tuned for CXR-BERT's PLL scale. Another LM
+puts PLLs on another scale (the small domain LM of ``medclr lm fit`` gives most sentences PLLs of -10 to
+-60), and the same a, k send eta to ~0: DCL-eta_LM becomes InfoNCE. This module calibrates eta on the
+corpus itself, without class labels.
 
-Target. eta(x) estimates rho(c_x), the probability that another study is of x's class. The nearest
-quantity a corpus gives without labels is how often x itself occurs:
+Target. eta(x) estimates rho(c_x): how often a training pair's sentence states what x states. The
+nearest label-free quantity is the frequency of x's *meaning* among the pairs a training step draws:
 
-    f(x) = n(x) / N,   n(x) = occurrences of x in the ``split`` rows (default train),
-                       N = number of those rows that have a sentence (reports).
+    f(x) = sum of P(report i, sentence j) over every pair whose sentence has x's meaning key,
 
-Fit. Least squares in eta's own functional form, in log space, weighted by n(x):
+with the key read from the words (``medclr.data.hard_negatives.meaning_key``: polarity, finding and
+side; paraphrases of a normal statement pooled) and P the draw probabilities of training
+(``medclr.data.pairs``; uniform by default, the papers' setup, or the run's own sampling). The frequency
+of the exact string is not it: "No pneumothorax." and "There is no pneumothorax." split one meaning,
+and most sentences occur once, so their string frequency sits ~10x below rho.
 
-    log f(x) ~ log a + k * log p(x)      (log p = PLL, or PLL per piece with norm="mean")
+Methods (``medclr lm score --eta-fit``):
 
-One term per (report, sentence) pair, the unit a training step draws; the result is the best
-prediction of log frequency from log p within eta's family (the conditional mean in log space, so a
-weak predictor gives a flat map rather than an overconfident one). A slope k < 0 (an LM that ranks
-rare sentences first) is clamped to k = 0: a constant eta, the weighted geometric mean of f.
+* ``meaning`` (default): the LM's probability of the *meaning*, p_LM(c) = sum of p_LM(x') over the
+  distinct scored sentences x' with x's meaning key (log-sum-exp of their log p): the paper's
+  likelihood, summed over the wordings of one statement instead of split between them. eta is an
+  isotonic (monotone non-decreasing) map of log p_LM(c), fitted by weighted least squares to f in
+  linear space (sklearn's IsotonicRegression, weights = the pairs' draw probabilities): the LM keeps
+  the ranking, the corpus gives the scale, and the weighted mean of eta over the pairs equals that of f
+  (isotonic regression preserves it). The map is recorded as its knots.
+* ``sentence``: the paper's form eta = a * p_LM(x)^k on the sentence's own log p, a and k fitted by
+  weighted least squares to f in linear space (so the mean eta lands on the mean f; a fit in log space
+  lands on the geometric mean, ~10x lower for these heavy-tailed frequencies).
+* ``paper``: a = 0.2, k = 0.35.
 
-Only the manifest's ``split`` and ``sentences`` columns and the table's ``sentence_hash``, ``pll``,
-``n_scored`` are read: ground truth (``latent_class``, ``latent_class_prob``) never enters.
-:func:`loglog_least_squares` is also the fit ``medclr lm calibrate`` uses against the true rho.
+Measured on the demo's phantom (docs/lm.md section 6): against the true per-sentence class probability,
+the meaning map gives E[eta]/E[rho] ~0.9, Spearman ~0.6, median |log eta/rho| ~0.5; the sentence power
+law ~0.9, ~0.45, ~1.1 (the small LM ranks single wordings poorly); the earlier exact-string log fit
+0.05, 0.45, 1.9.
+
+Only the manifest's ``split`` and ``sentences`` columns and the table's ``sentence_hash``, ``sentence``,
+``pll``, ``n_scored`` are read: ground truth never enters.
 """
 
 from __future__ import annotations
@@ -37,7 +51,9 @@ from medclr.lm.eta import DEFAULT_A, DEFAULT_ETA_MAX, DEFAULT_K, check_eta_param
 
 log = logging.getLogger(__name__)
 
-METHODS = ("corpus", "paper")  # how `medclr lm score` picks a, k when they are not given
+METHODS = ("meaning", "sentence", "paper")  # how `medclr lm score` calibrates eta when a, k are not given
+SAMPLING_DEFAULTS = {"sentence_sampling": "uniform", "other_weight": 0.1, "study_sampling": "uniform",
+                     "study_balance": 0.5}
 
 
 def loglog_least_squares(x, log_y, weights=None) -> dict:
@@ -61,54 +77,151 @@ def loglog_least_squares(x, log_y, weights=None) -> dict:
     return {"a": float(np.exp(log_a)), "k": k, "r2": r2, "n": int(len(x))}
 
 
-def corpus_counts(manifest: pd.DataFrame, split: str | None = "train") -> tuple[pd.Series, int, str]:
-    """(occurrences per sentence_hash in the ``split`` rows, number of those rows with a sentence, rows used).
+def linear_power_fit(x, y, weights) -> dict:
+    """Weighted least squares y ~ a * exp(k * x) in linear space with a > 0, k >= 0 (float64): a, k, r2, n.
 
-    A manifest without rows of ``split`` falls back to all rows (logged)."""
+    Started from the log-space fit (k clamped to >= 0) and refined by scipy's bounded least squares
+    (the power law has no closed form in linear space)."""
+    from scipy.optimize import least_squares
+
+    x, y, w = (np.asarray(v, dtype=np.float64) for v in (x, y, weights))
+    if not (x.shape == y.shape == w.shape):
+        raise MedclrError(f"power fit: x {x.shape}, y {y.shape} and weights {w.shape} differ in shape")
+    ok = np.isfinite(x) & np.isfinite(y) & (y > 0) & np.isfinite(w) & (w > 0)
+    x, y, w = x[ok], y[ok], w[ok]
+    if len(x) < 3 or np.ptp(x) == 0:
+        raise MedclrError("too few distinct log-likelihoods to fit a and k (need at least 3)")
+    w = w / w.sum()
+    x0 = float(w @ x)  # centred: a then scales eta at the mean log p, which keeps the problem well posed
+    start = loglog_least_squares(x, np.log(y), w)
+    k0 = max(start["k"], 0.0)
+    c0 = np.log(max(float(w @ y), 1e-12))
+    sw = np.sqrt(w)
+
+    def resid(theta):
+        return sw * (np.exp(theta[0] + theta[1] * (x - x0)) - y)
+
+    res = least_squares(resid, x0=[c0, k0], bounds=([-np.inf, 0.0], [np.inf, np.inf]), method="trf",
+                        x_scale="jac", max_nfev=500)
+    c, k = float(res.x[0]), float(res.x[1])
+    if k < 1e-6:  # the bounded solver stops just inside k >= 0; at k = 0 the optimum is the weighted mean
+        c, k = float(np.log(w @ y)), 0.0
+    pred = np.exp(c + k * (x - x0))
+    my = float(w @ y)
+    r2 = 1.0 - float(w @ (y - pred) ** 2) / max(float(w @ (y - my) ** 2), 1e-300)
+    return {"a": float(np.exp(c - k * x0)), "k": k, "r2": r2, "n": int(len(x))}
+
+
+def meaning_frequency(manifest: pd.DataFrame, split: str | None = "train",
+                      sampling: dict | None = None) -> tuple[pd.DataFrame, str]:
+    """(one row per (report, sentence) of the ``split`` rows: ``sentence_hash``, ``weight`` = its draw
+    probability, ``target`` = the frequency of its meaning key among the drawn pairs, ``key``; the rows used).
+
+    ``sampling``: keyword arguments of ``medclr.data.pairs.pair_probabilities`` (training's draws; default
+    uniform). A manifest without rows of ``split`` falls back to all rows (logged)."""
+    from medclr.data.hard_negatives import meaning_key
+    from medclr.data.pairs import key_frequency, pair_probabilities
+
     used = "all" if split in (None, "all") else split
     if used != "all" and ("split" not in manifest or not (manifest["split"] == used).any()):
         log.warning("the manifest has no rows with split == %r; eta is fitted on the sentences of all rows", used)
         used = "all"
     st = manifest_sentences(manifest, None if used == "all" else used)
-    return st["sentence_hash"].value_counts(), int(st["index"].nunique()), used
+    rows = [g for _, g in st.groupby("index", sort=False)]
+    sentences = [g["sentence"].tolist() for g in rows]
+    pairs = pair_probabilities(sentences, **{**SAMPLING_DEFAULTS, **(sampling or {})})
+    keys = [[meaning_key(s) for s in row] for row in sentences]
+    freq = key_frequency(keys, pairs)
+    out = pd.DataFrame({"sentence_hash": np.concatenate([g["sentence_hash"].to_numpy() for g in rows]),
+                        "weight": np.concatenate(pairs), "target": np.concatenate(freq),
+                        "key": [k for row in keys for k in row]})
+    return out, used
 
 
-def fit_eta_corpus(eta_table: pd.DataFrame, manifest: pd.DataFrame, *, split: str | None = "train",
-                   norm: str = "sum") -> dict:
-    """Fit a, k of eta = a * p^k to the sentence frequencies of the manifest's ``split`` rows (label-free).
+def meaning_log_p(eta_table: pd.DataFrame, norm: str = "sum") -> pd.Series:
+    """Per ``sentence_hash``: log of the LM's probability of the sentence's meaning, the log-sum-exp of log p
+    over every distinct scored sentence of the table with the same meaning key (NaN without a PLL)."""
+    from scipy.special import logsumexp
 
-    Returns the dict recorded under ``eta_fit`` in the eta table's metadata: a, k, method, the rows and
-    counts used, weighted R^2, the residual sd (nats of log frequency), Spearman(log p, log f) over the
-    distinct sentences, and whether k was clamped at 0. Sentences without a PLL in the table are left out.
-    """
+    from medclr.data.hard_negatives import meaning_key
+
+    tab = eta_table[eta_table["pll"].notna()].drop_duplicates("sentence_hash")
+    lp = pd.Series(log_p(tab["pll"].to_numpy(), tab["n_scored"].to_numpy(), norm), index=tab["sentence_hash"].to_numpy())
+    keys = pd.Series([meaning_key(s) for s in tab["sentence"]], index=lp.index)
+    pooled = lp.groupby(keys).agg(lambda v: float(logsumexp(v.to_numpy())))
+    return keys.map(pooled).reindex(eta_table["sentence_hash"].drop_duplicates().to_numpy())
+
+
+def _fit_pairs(eta_table, manifest, split, norm, sampling, x_of):
+    pairs, used = meaning_frequency(manifest, split, sampling)
+    x_all = x_of(eta_table, norm)
+    pairs = pairs[pairs["sentence_hash"].isin(x_all.dropna().index)]
+    x = x_all.reindex(pairs["sentence_hash"]).to_numpy()
+    return pairs, used, x, pairs["target"].to_numpy(), pairs["weight"].to_numpy()
+
+
+def _sentence_log_p(eta_table: pd.DataFrame, norm: str) -> pd.Series:
+    tab = eta_table[eta_table["pll"].notna()].drop_duplicates("sentence_hash")
+    return pd.Series(log_p(tab["pll"].to_numpy(), tab["n_scored"].to_numpy(), norm), index=tab["sentence_hash"].to_numpy())
+
+
+def _record(method, pairs, used, manifest, x, y, w, eta, norm, sampling, **extra) -> dict:
     from scipy.stats import spearmanr
 
-    counts, n_reports, used = corpus_counts(manifest, split)
-    tab = eta_table[eta_table["pll"].notna()].drop_duplicates("sentence_hash").set_index("sentence_hash")
-    counts = counts[counts.index.isin(tab.index)]
-    n = counts.to_numpy(dtype=np.float64)
-    x = log_p(tab["pll"].reindex(counts.index).to_numpy(), tab["n_scored"].reindex(counts.index).to_numpy(), norm)
-    y = np.log(n / n_reports)
-    fit = loglog_least_squares(x, y, n)
-    k_clamped = fit["k"] < 0
-    if k_clamped:
-        log.warning("the LM gives frequent sentences lower log p (fitted k = %.3g < 0); eta set constant", fit["k"])
-        fit = {**fit, "a": float(np.exp(np.average(y, weights=n))), "k": 0.0}
-    w = n / n.sum()
-    resid = y - (np.log(fit["a"]) + fit["k"] * x)
-    return {
-        "method": "corpus", "a": fit["a"], "k": fit["k"], "norm": norm,
-        "target": "occurrences of the sentence / reports, in the split rows",
-        "weights": "occurrences", "split": used, "n_reports": n_reports, "n_sentences": int(len(n)),
-        "n_pairs": int(n.sum()), "r2": fit["r2"] if not k_clamped else 0.0,
-        "resid_sd": float(np.sqrt(w @ (resid - w @ resid) ** 2)),
-        "spearman_logp_logfreq": float(spearmanr(x, y)[0]) if np.ptp(y) > 0 else float("nan"),
-        "k_clamped": bool(k_clamped),
-    }
+    w = w / w.sum()
+    return {"method": method, **extra, "norm": norm,
+            "target": "frequency of the sentence's meaning key (medclr.data.hard_negatives.meaning_key) among the "
+                      "split's (report, sentence) pairs as training draws them",
+            "sampling": {**SAMPLING_DEFAULTS, **(sampling or {})}, "weights": "pair draw probability",
+            "split": used,
+            "n_reports": int(manifest_sentences(manifest, None if used == "all" else used)["index"].nunique()),
+            "n_pairs": int(len(y)), "n_keys": int(pairs["key"].nunique()),
+            "mean_target": float(w @ y), "mean_eta": float(w @ eta),
+            "spearman_logp_target": float(spearmanr(x, y)[0]) if np.ptp(y) > 0 and np.ptp(x) > 0 else float("nan")}
+
+
+def fit_eta_meaning(eta_table: pd.DataFrame, manifest: pd.DataFrame, *, split: str | None = "train",
+                    norm: str = "sum", sampling: dict | None = None, eta_max: float = DEFAULT_ETA_MAX) -> dict:
+    """The ``meaning`` calibration: an isotonic map from the meaning's pooled log p (:func:`meaning_log_p`) to
+    the meaning frequency of the ``split`` rows' pairs (label-free). Returns the record kept under
+    ``eta_params.fit`` in the table's metadata: the map's knots (``knots_log_p``, ``knots_eta``), the pairs and
+    keys used, the mean target and the mean fitted eta over the drawn pairs, Spearman(log p, target)."""
+    from sklearn.isotonic import IsotonicRegression
+
+    pairs, used, x, y, w = _fit_pairs(eta_table, manifest, split, norm, sampling, meaning_log_p)
+    if len(x) < 3 or np.ptp(x) == 0:
+        raise MedclrError("too few distinct log-likelihoods to calibrate eta (need at least 3)")
+    iso = IsotonicRegression(y_min=1e-6, y_max=eta_max, increasing=True, out_of_bounds="clip").fit(x, y, sample_weight=w)
+    eta = iso.predict(x)
+    return _record("meaning", pairs, used, manifest, x, y, w, eta, norm, sampling,
+                   knots_log_p=iso.X_thresholds_.tolist(), knots_eta=iso.y_thresholds_.tolist())
+
+
+def fit_eta_sentence(eta_table: pd.DataFrame, manifest: pd.DataFrame, *, split: str | None = "train",
+                     norm: str = "sum", sampling: dict | None = None) -> dict:
+    """The ``sentence`` calibration: a, k of eta = a * p^k on the sentence's own log p, fitted in linear space
+    to the meaning frequency of the ``split`` rows' pairs (label-free); the record holds a, k and R^2."""
+    pairs, used, x, y, w = _fit_pairs(eta_table, manifest, split, norm, sampling, _sentence_log_p)
+    fit = linear_power_fit(x, y, w)
+    eta = np.minimum(fit["a"] * np.exp(fit["k"] * x), DEFAULT_ETA_MAX)
+    return _record("sentence", pairs, used, manifest, x, y, w, eta, norm, sampling, a=fit["a"], k=fit["k"],
+                   r2=fit["r2"], k_zero=bool(fit["k"] == 0.0))
+
+
+def eta_of_table(eta_table: pd.DataFrame, params: dict, *, norm: str, eta_max: float) -> tuple[np.ndarray, int]:
+    """(eta per table row, how many were clipped at eta_max) under ``params`` (the ``eta_params`` record:
+    the meaning map's knots, or a and k)."""
+    fit = params.get("fit", {})
+    if params["source"] == "meaning":
+        x = meaning_log_p(eta_table, norm).reindex(eta_table["sentence_hash"]).to_numpy()
+        eta = np.interp(x, fit["knots_log_p"], fit["knots_eta"])  # flat beyond the ends (clip)
+        return np.minimum(eta, eta_max), int((eta > eta_max).sum())
+    raw = params["a"] * np.exp(params["k"] * log_p(eta_table["pll"], eta_table["n_scored"], norm))
+    return np.minimum(raw, eta_max), int((raw > eta_max).sum())
 
 
 def check_eta_choice(method: str, a: float | None, k: float | None, eta_max: float = DEFAULT_ETA_MAX) -> None:
-    """The rules for choosing a, k: a known method, a and k given together (then valid), a valid eta_max."""
+    """The rules for choosing eta: a known method, a and k given together (then valid), a valid eta_max."""
     if method not in METHODS:
         raise MedclrError(f"eta fit {method!r}; expected one of {METHODS}")
     if (a is None) != (k is None):
@@ -116,24 +229,27 @@ def check_eta_choice(method: str, a: float | None, k: float | None, eta_max: flo
     check_eta_params(DEFAULT_A if a is None else a, DEFAULT_K if k is None else k, eta_max)
 
 
-def resolve_eta_params(eta_table: pd.DataFrame, manifest: pd.DataFrame, *, method: str = "corpus",
+def resolve_eta_params(eta_table: pd.DataFrame, manifest: pd.DataFrame, *, method: str = "meaning",
                        a: float | None = None, k: float | None = None, split: str | None = "train",
-                       norm: str = "sum") -> tuple[float, float, dict]:
-    """(a, k, record) for ``medclr lm score``: given a and k win, else ``method`` (corpus fit or the paper's).
+                       norm: str = "sum", sampling: dict | None = None, eta_max: float = DEFAULT_ETA_MAX) -> dict:
+    """The ``eta_params`` record for ``medclr lm score``: given a and k win, else ``method``.
 
-    The record (``eta_params`` in the table's metadata) says where a, k came from (``source``: given,
-    corpus or paper) and holds the corpus fit whenever it could be computed, also when it is not used.
-    A corpus fit that cannot be made (fewer than 3 distinct log p) falls back to the paper's a, k (logged).
+    ``source`` says what eta is: ``given`` / ``paper`` / ``sentence`` (eta = a * p^k with the record's ``a``,
+    ``k``) or ``meaning`` (the isotonic map in ``fit``). ``fit`` holds the method's fit (the meaning fit when
+    a, k are given or the paper's are asked for), also when it is not used. A fit that cannot be made (fewer
+    than 3 distinct log p) falls back to the paper's a, k (logged).
     """
-    check_eta_choice(method, a, k)
+    check_eta_choice(method, a, k, eta_max)
+    fitter = fit_eta_sentence if method == "sentence" else fit_eta_meaning
+    kwargs = {"split": split, "norm": norm, "sampling": sampling}
     try:
-        fit = fit_eta_corpus(eta_table, manifest, split=split, norm=norm)
+        fit = fitter(eta_table, manifest, **kwargs, **({"eta_max": eta_max} if fitter is fit_eta_meaning else {}))
     except MedclrError as exc:
-        fit = {"method": "corpus", "error": str(exc)}
+        fit = {"method": method, "error": str(exc)}
     if a is not None:
-        return float(a), float(k), {"source": "given", "corpus_fit": fit}
-    if method == "corpus" and "error" not in fit:
-        return fit["a"], fit["k"], {"source": "corpus", "corpus_fit": fit}
-    if method == "corpus":
-        log.warning("no corpus fit of eta (%s); using the paper's a = %g, k = %g", fit["error"], DEFAULT_A, DEFAULT_K)
-    return DEFAULT_A, DEFAULT_K, {"source": "paper", "corpus_fit": fit}
+        return {"source": "given", "a": float(a), "k": float(k), "fit": fit}
+    if method != "paper" and "error" not in fit:
+        return {"source": method, **({"a": fit["a"], "k": fit["k"]} if method == "sentence" else {}), "fit": fit}
+    if method != "paper":
+        log.warning("no %s fit of eta (%s); using the paper's a = %g, k = %g", method, fit["error"], DEFAULT_A, DEFAULT_K)
+    return {"source": "paper", "a": DEFAULT_A, "k": DEFAULT_K, "fit": fit}

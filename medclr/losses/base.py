@@ -12,11 +12,14 @@ loss trains the LSE+NL head as it trains the cosine one.
   an already unit vector is a no-op for the value, and the gradient that reaches the encoder
   is unchanged (the tangent projection is idempotent), so callers may normalise or not.
   t_infonce accepts normalize=False for the Euclidean variant of the SNE paper.
-- index: dataset indices (int, shape (b,)) for losses with per-sample tables; eta:
-  per-pair class probabilities for dcl_lm. Arguments a loss does not use are ignored, so a
+- index: dataset indices (int, shape (b,)) for losses with per-sample tables; text_index: the
+  index of each pair's sentence for losses whose text tables are keyed by sentence (NUCLR with
+  num_texts); eta: per-pair class probabilities for dcl_lm. Arguments a loss does not use are ignored, so a
   training loop may pass both to every loss.
-- Every loss is symmetric: image->text and text->image rows are averaged (SigLIP and the
-  globally normalised t_infonce score each pair once, which is already symmetric).
+- Every loss is symmetric (image->text and text->image rows averaged; SigLIP and the globally
+  normalised t_infonce score each pair once, which is already symmetric), except where
+  anchor="text": dcl and dcl_lm by default (the DCL-eta_LM paper anchors on the report), infonce
+  on request (its default stays CLIP's symmetric form).
 - Under torch.distributed: local anchors x gathered global candidates; see distributed.py.
 
 Trainer hooks: a loss with a schedule keeps it itself, so a trainer needs no change for it. A
@@ -26,6 +29,8 @@ trainer calls ``configure(num_samples, steps_per_epoch, total_steps)`` once befo
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 import torch.nn as nn
@@ -44,7 +49,7 @@ class ContrastiveLoss(nn.Module):
         self.normalize = bool(normalize)
 
     def extra_repr(self) -> str:
-        keys = [k for k in ("tau", "eta", "gamma", "num_samples", "t_df", "normalization") if hasattr(self, k)]
+        keys = [k for k in ("tau", "eta", "gamma", "num_samples", "t_df", "normalization", "anchor") if hasattr(self, k)]
         return ", ".join(f"{k}={getattr(self, k)}" for k in keys)
 
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +57,9 @@ class ContrastiveLoss(nn.Module):
         return F.normalize(x, dim=-1) if self.normalize else x
 
     def forward(self, image_emb: torch.Tensor | None = None, text_emb: torch.Tensor | None = None, index=None,
-                eta=None, *, sims: tuple[torch.Tensor, torch.Tensor] | None = None, **extra):
+                eta=None, *, sims: tuple[torch.Tensor, torch.Tensor] | None = None, text_index=None, **extra):
+        if text_index is not None and "text_index" in inspect.signature(self.compute).parameters:
+            extra["text_index"] = text_index  # sentence-keyed tables (NUCLR); every other loss ignores it
         if sims is not None:
             return self._forward_sims(sims, image_emb, text_emb, index=index, eta=eta, **extra)
         for name, x in (("image_emb", image_emb), ("text_emb", text_emb)):

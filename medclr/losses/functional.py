@@ -27,6 +27,16 @@ def check_tau(tau, name: str = "tau") -> float:
     return float(tau)
 
 
+ANCHORS = ("text", "symmetric")
+
+
+def check_anchor(anchor) -> str:
+    """Which rows a pairwise loss averages: "text" (text-anchored only) or "symmetric" (both directions)."""
+    if anchor not in ANCHORS:
+        raise MedclrError(f"anchor: expected one of {', '.join(repr(a) for a in ANCHORS)}, got {anchor!r}")
+    return anchor
+
+
 def _check_sim(sim) -> torch.Tensor:
     if not isinstance(sim, torch.Tensor) or sim.ndim != 2 or sim.shape[0] != sim.shape[1]:
         shape = tuple(sim.shape) if isinstance(sim, torch.Tensor) else type(sim).__name__

@@ -25,7 +25,11 @@ same scale as InfoNCE (with gamma = 1, B = n, zeta = xi = 0 the gradient IS Info
 Its value is mean_i softplus(log u_i + xi/tau) = the estimated -log p(positive) under the
 NUCLR logits (s_ij - zeta_j)/tau, (s_ii - xi)/tau (grows like log n, not log B).
 
-Tables (registered buffers, in state_dict, indexed by dataset index):
+Tables (registered buffers, in state_dict): image tables indexed by the dataset index (``index``), text
+tables by ``text_index`` when the loss is built with ``num_texts`` (one entry per distinct sentence: a step
+pairs an image with one sentence of its report, drawn anew at every visit, so a text's popularity belongs to
+the sentence -- "No pneumothorax." is popular wherever it is written -- not to the study that holds it),
+else by the dataset index too (one text per sample, the papers' image-caption setting):
   u_img[i]   LOG of u for image i as an anchor (image->text); u_txt[j] likewise for texts.
              -inf = never visited: the first visit takes phi outright.
   zeta_txt[j] popularity of text j as a candidate of image anchors (same units as s);
@@ -86,14 +90,19 @@ class NUCLRLoss(ContrastiveLoss):
         learn_zeta: bool = True,
         freeze_zeta_epochs: float | None = None,
         zeta_lr_schedule: str = "constant",
+        num_texts: int | None = None,
     ):
         super().__init__(normalize)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 2:
             raise MedclrError(f"num_samples: expected the dataset size (an int >= 2), got {num_samples!r}")
+        if num_texts is not None and (isinstance(num_texts, bool) or not isinstance(num_texts, int) or num_texts < 1):
+            raise MedclrError(f"num_texts: expected the number of distinct sentences (an int >= 1), got {num_texts!r}")
         if not 0.0 < gamma <= 1.0:
             raise MedclrError(f"gamma: expected the moving-average weight on the new estimate in (0, 1], got {gamma!r}")
         self._check_schedule(freeze_zeta_steps, freeze_zeta_epochs, zeta_lr_schedule)
         self.num_samples, self.tau, self.gamma = num_samples, check_tau(tau), float(gamma)
+        self.num_texts = num_texts
+        sizes = {"img": num_samples, "txt": num_samples if num_texts is None else num_texts}
         self.learn_zeta = bool(learn_zeta)
         # The step sizes of this step: on_step rewrites them under the cosine schedule.
         self.zeta_lr = float(zeta_lr)
@@ -104,11 +113,11 @@ class NUCLRLoss(ContrastiveLoss):
         # None until configure() converts freeze_zeta_epochs with the run's steps per epoch.
         self.freeze_zeta_steps = None if freeze_zeta_epochs is not None else int(freeze_zeta_steps or 0)
         for m in ("img", "txt"):
-            self.register_buffer(f"u_{m}", torch.full((num_samples,), float("-inf")))
+            self.register_buffer(f"u_{m}", torch.full((sizes[m],), float("-inf")))
         if self.learn_zeta:
             # xi_0 = max(xi_init, zeta_0) >= every zeta, as Algorithm 1 line 1 requires.
             for m in ("img", "txt"):
-                self.register_buffer(f"zeta_{m}", torch.full((num_samples,), float(zeta_init)))
+                self.register_buffer(f"zeta_{m}", torch.full((sizes[m],), float(zeta_init)))
                 self.register_buffer(f"xi_{m}", torch.tensor(max(float(xi_init), float(zeta_init))))
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
@@ -153,10 +162,18 @@ class NUCLRLoss(ContrastiveLoss):
             return torch.zeros(idx_all.shape, dtype=like.dtype, device=like.device), 0.0
         return getattr(self, f"zeta_{cand}")[idx_all].to(like.dtype), float(getattr(self, f"xi_{cand}"))
 
-    def compute(self, batch, index=None, eta=None):
+    def compute(self, batch, index=None, eta=None, text_index=None):
         # Collectives run on the embeddings' device (NCCL needs CUDA tensors); tables may live elsewhere.
         idx = check_index(index, batch.b, self.num_samples, batch.device)
-        idx_all = batch.gather(idx).to(self.u_img.device)
+        idx_of = {"img": batch.gather(idx).to(self.u_img.device)}
+        if self.num_texts is None:
+            idx_of["txt"] = idx_of["img"]
+        else:
+            if text_index is None:
+                raise MedclrError("text_index: this NUCLR keys its text tables by sentence (num_texts) and needs the "
+                                  "sentence index of each pair")
+            tidx = check_index(text_index, batch.b, self.num_texts, batch.device)
+            idx_of["txt"] = batch.gather(tidx).to(self.u_img.device)
         pos_t = batch.pos.to(self.u_img.device)
         tau, n, B = self.tau, self.num_samples, batch.B
         log_scale = math.log((n - 1) / (B - 1))  # phi over B-1 negatives estimates the n-1 sum
@@ -167,7 +184,7 @@ class NUCLRLoss(ContrastiveLoss):
         dirs = []
         for (anc, cand), s in zip(_DIRECTIONS, batch.sims()):
             diag, _ = diag_and_negatives(s, batch.pos)  # s and diag carry the graph
-            zeta_c, xi = self._zeta(cand, idx_all, s)
+            zeta_c, xi = self._zeta(cand, idx_of[cand], s)
             zeta_c = zeta_c.to(s.device)
             d = s.detach() - diag.detach()[:, None]  # d_ij = s_ij - s_ii
             _, logits_neg = diag_and_negatives((d - zeta_c[None, :]) / tau, batch.pos)
@@ -181,8 +198,8 @@ class NUCLRLoss(ContrastiveLoss):
             with torch.no_grad():
                 new = log_phi_all[:, k]
                 if train:
-                    new = ema_log(table[idx_all].to(new.dtype), new, self.gamma)
-                uniq, reduced, per_pos = dedup_mean(idx_all, new, log_space=True)
+                    new = ema_log(table[idx_of[anc]].to(new.dtype), new, self.gamma)
+                uniq, reduced, per_pos = dedup_mean(idx_of[anc], new, log_space=True)
                 if train:
                     table[uniq] = reduced.to(table.dtype)
                 log_u = per_pos[pos_t].to(s.device, s.dtype)  # u_{t+1} of the local anchors
@@ -207,7 +224,7 @@ class NUCLRLoss(ContrastiveLoss):
                 mass_all = all_reduce_sum(torch.stack(masses)).to(self.u_img.device)  # (2, B)
                 for k, (_anc, cand) in enumerate(_DIRECTIONS):
                     zeta, xi = getattr(self, f"zeta_{cand}"), getattr(self, f"xi_{cand}")
-                    uniq, g, _ = dedup_mean(idx_all, 1.0 - mass_all[k])
+                    uniq, g, _ = dedup_mean(idx_of[cand], 1.0 - mass_all[k])
                     lr = self.zeta_lr if cand == "txt" else self.zeta_lr_img
                     zeta[uniq] = zeta[uniq] - (lr * g).to(zeta.dtype)
                     xi.copy_(torch.maximum(xi, zeta[uniq].max()))
