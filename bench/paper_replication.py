@@ -63,12 +63,13 @@ METHODS = {
     "DCL-eta_True": ("dcl_true", []),
     "SogCLR": ("sogclr", []),
     "NUCLR": ("nuclr", []),
+    "NUCLR (study zeta)": ("nuclr", ["loss.zeta_key=study"]),  # zeta_txt keyed by the study, as before
     "DeCL": ("decl", []),
     "t-InfoNCE": ("t_infonce", []),
 }
 DCL_ETAS = {"DCL eta=0.01": 0.01, "DCL eta=0.05": 0.05, "DCL eta=0.1": 0.1, "DCL eta=0.2": 0.2}
 # The methods the papers' claims are about; DeCL and t-InfoNCE are baselines no claim names.
-CLAIM_METHODS = [m for m in METHODS if m not in ("DeCL", "t-InfoNCE")]
+CLAIM_METHODS = [m for m in METHODS if m not in ("DeCL", "t-InfoNCE", "NUCLR (study zeta)")]
 
 PRESETS = {
     # 2 CPU cores, about two hours: the cpu_zeroshot recipe (cpu_small's model: ResNet-18 to layer3 at 64 px,
@@ -189,7 +190,7 @@ def train_and_eval(work: Path, run: Path, label: str, seed: int, manifest: Path,
 
 
 def slug(label: str) -> str:
-    return label.replace(" ", "_").replace("=", "")
+    return label.replace(" ", "_").replace("=", "").replace("(", "").replace(")", "")
 
 
 def zeta_against_frequency(run: Path) -> dict:
@@ -439,7 +440,7 @@ def imbalance_section(sweep: pd.DataFrame, seeds: list[int]) -> list[str]:
 
 
 def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.DataFrame, sweep: pd.DataFrame,
-                  verdicts: list[dict], pop: dict | None, calib: dict, positives: dict[str, int], wall_min: float,
+                  verdicts: list[dict], pops: dict[str, dict], calib: dict, positives: dict[str, int], wall_min: float,
                   effect: list[dict]) -> None:
     old = path.read_text() if path.exists() else ""
     reading = old.split(READING_MARK, 1)[1] if READING_MARK in old else "\n## Reading\n\n(not written yet)\n"
@@ -493,14 +494,17 @@ def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.Dat
                              f"{by[('mean_abs_loss_diff_per_pair', name, an)]:.4f} | "
                              f"{by[('pairs_abs_diff_over_0.01', name, an)]:.2f} |")
         lines.append("")
-    if pop:
-        sp = next(iter(pop["spearman"].values()))
-        key = next(iter(pop["spearman"]))
+    if pops:
         lines += ["## NUCLR popularity against the true frequency (its Fig. 5)", "",
-                  f"Spearman(zeta_txt, log rho_sent) per seed, zeta keyed by {key}: "
-                  + ", ".join(f"{x:+.3f}" for x in sp) + "; sd of zeta_txt " + ", ".join(f"{x:.4f}" for x in pop["zeta_sd"])
-                  + " (rho_sent: the frequency of the sentence's ground-truth key among the pairs as training draws "
-                  "them).", "", "![popularity](img/results_nuclr_popularity.png)", ""]
+                  "Spearman(zeta_txt, log rho_sent) per seed (rho_sent: the frequency of the sentence's ground-truth "
+                  "key among the pairs as training draws them; a study-keyed zeta is compared with the draw-weighted "
+                  "mean log rho_sent of its study's sentences), and the sd of zeta_txt:", "",
+                  "| run | zeta keyed by | Spearman per seed | sd of zeta_txt |", "|---|---|---|---|"]
+        for label, pop in pops.items():
+            key = next(iter(pop["spearman"]))
+            lines.append(f"| {label} | {key} | " + ", ".join(f"{x:+.3f}" for x in pop["spearman"][key]) + " | "
+                         + ", ".join(f"{x:.4f}" for x in pop["zeta_sd"]) + " |")
+        lines += ["", "![popularity](img/results_nuclr_popularity.png)", ""]
     if {"NUCLR", "SogCLR"} <= set(rows["method"]):
         lines += ["## NUCLR against SogCLR on retrieval", "", "![retrieval](img/results_retrieval.png)", ""]
     v = calib["variants"]
@@ -587,8 +591,9 @@ def main() -> int:
     sweep = pd.concat([all_rows[(all_rows["r"] == 1.0) & all_rows["method"].isin(cfg["sweep_methods"])
                                 & all_rows["seed"].isin(cfg["sweep_seeds"])], all_rows[all_rows["r"] != 1.0]])
 
-    nuclr_runs = [work / "runs" / f"NUCLR_s{s}" for s in cfg["seeds"] if "NUCLR" in cfg["methods"]]
-    pop = nuclr_popularity(nuclr_runs) if nuclr_runs else None
+    pops = {label: nuclr_popularity([work / "runs" / f"{slug(label)}_s{s}" for s in cfg["seeds"]])
+            for label in ("NUCLR", "NUCLR (study zeta)") if label in cfg["methods"]}
+    pop = pops.get("NUCLR")
     calib = eta_calibration(work, cfg)
     effect = loss_effect(work, work / "runs" / f"InfoNCE_s{cfg['seeds'][0]}", cfg) if "InfoNCE" in cfg["methods"] else []
     table = mean_sd(rows)
@@ -606,7 +611,7 @@ def main() -> int:
     shutil.copyfile(work / f"calibration_{cfg['name']}" / "calibration.png", img / "results_eta_lm.png")
     all_rows.to_csv(work / "runs.csv", index=False)
     wall = (time.perf_counter() - t0) / 60
-    write_results(docs / "RESULTS.md", preset, shown_command(args), cfg, rows, sweep, verdicts, pop, calib,
+    write_results(docs / "RESULTS.md", preset, shown_command(args), cfg, rows, sweep, verdicts, pops, calib,
                   count_test_positives(work), wall, effect)
     for v in verdicts:
         print(json.dumps({"claim": v["claim"], "metric": v["metric"], "diff": v["mean"], "ci_low": v["ci_low"],

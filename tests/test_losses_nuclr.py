@@ -22,34 +22,36 @@ def _unit(x):
     return x / x.norm(dim=1, keepdim=True)
 
 
-def brute_nuclr_step(img, txt, idx, n, tau, gamma, lr, tables):
+def brute_nuclr_step(img, txt, idx, n, tau, gamma, lr, tables, tidx=None):
     """One training step of NUCLR from the paper, float64 loops.
 
     tables: dict with linear u_img/u_txt (None entries = first visit), zeta_img/zeta_txt and
     xi_img/xi_txt as python floats per dataset index. Returns (value, surrogate, new tables);
     surrogate's autograd gradient is Eq. 15 / tau. Duplicated indices: new u averaged
-    (linear), zeta gradients averaged -- the documented convention.
+    (linear), zeta gradients averaged -- the documented convention. ``tidx``: the text tables' keys
+    (sentence-keyed NUCLR); default the dataset index, as the image tables.
     """
+    keys = {"img": idx, "txt": idx if tidx is None else tidx}
     x, y = _unit(img), _unit(txt)
     B = x.shape[0]
     c = (n - 1) / (B - 1)
     new = {k: dict(v) if isinstance(v, dict) else v for k, v in tables.items()}
     value, surrogate = 0.0, 0.0
     for anc, cand, sim in (("img", "txt", x @ y.T), ("txt", "img", y @ x.T)):
-        zeta = [tables[f"zeta_{cand}"][int(j)] for j in idx]
+        zeta = [tables[f"zeta_{cand}"][int(j)] for j in keys[cand]]
         xi = tables[f"xi_{cand}"]
         phi = []  # phi_i(w, zeta; B) with the graph
         for i in range(B):
             phi.append(c * sum(torch.exp((sim[i, j] - sim[i, i] - zeta[j]) / tau) for j in range(B) if j != i))
         u_pos = []
         for i in range(B):
-            old = tables[f"u_{anc}"].get(int(idx[i]))
+            old = tables[f"u_{anc}"].get(int(keys[anc][i]))
             p = float(phi[i].detach())
             u_pos.append(p if old is None else (1 - gamma) * old + gamma * p)
         groups = {}
         for i in range(B):
-            groups.setdefault(int(idx[i]), []).append(u_pos[i])
-        u_new = [sum(groups[int(idx[i])]) / len(groups[int(idx[i])]) for i in range(B)]
+            groups.setdefault(int(keys[anc][i]), []).append(u_pos[i])
+        u_new = [sum(groups[int(keys[anc][i])]) / len(groups[int(keys[anc][i])]) for i in range(B)]
         for k, vals in groups.items():
             new[f"u_{anc}"][k] = sum(vals) / len(vals)
         eps_xi = math.exp(-xi / tau)
@@ -69,21 +71,22 @@ def brute_nuclr_step(img, txt, idx, n, tau, gamma, lr, tables):
             g.append(1.0 - m)
         gg = {}
         for j in range(B):
-            gg.setdefault(int(idx[j]), []).append(g[j])
+            gg.setdefault(int(keys[cand][j]), []).append(g[j])
         for k, vals in gg.items():
             new[f"zeta_{cand}"][k] = tables[f"zeta_{cand}"][k] - lr * sum(vals) / len(vals)
         new[f"xi_{cand}"] = max(xi, max(new[f"zeta_{cand}"].values()))
     return value, surrogate, new
 
 
-def _load_tables(loss, tables, n):
+def _load_tables(loss, tables, n, n_txt=None):
     with torch.no_grad():
         for m in ("img", "txt"):
-            u = torch.full((n,), float("-inf"))
+            size = n if m == "img" or n_txt is None else n_txt
+            u = torch.full((size,), float("-inf"))
             for k, v in tables[f"u_{m}"].items():
                 u[k] = math.log(v)
             loss.get_buffer(f"u_{m}").copy_(u)
-            loss.get_buffer(f"zeta_{m}").copy_(torch.tensor([tables[f"zeta_{m}"][k] for k in range(n)]))
+            loss.get_buffer(f"zeta_{m}").copy_(torch.tensor([tables[f"zeta_{m}"][k] for k in range(size)]))
             loss.get_buffer(f"xi_{m}").fill_(tables[f"xi_{m}"])
 
 
@@ -126,6 +129,47 @@ def test_one_step_matches_the_paper(duplicates):
             assert math.isclose(float(loss.get_buffer(f"zeta_{m}")[k]), new[f"zeta_{m}"][k], rel_tol=1e-5, abs_tol=1e-6)
         assert math.isclose(float(loss.get_buffer(f"xi_{m}")), new[f"xi_{m}"], rel_tol=1e-6, abs_tol=1e-7)
     assert int(loss.step) == 1
+
+
+def test_sentence_keyed_text_tables_match_the_paper_step():
+    """num_texts: the text tables are indexed by the pair's sentence (two pairs drawing the same sentence
+    share its u_txt and zeta_txt), the image tables by the dataset index; one step against the float64 loops."""
+    n, n_txt, B, tau, gamma, lr = 10, 7, 6, 0.2, 0.7, 0.05
+    img, txt = _emb(B, seed=2)
+    idx = torch.tensor([3, 7, 0, 5, 9, 2])
+    tidx = torch.tensor([4, 1, 4, 6, 0, 2])  # pairs 0 and 2 drew the same sentence
+    g = torch.Generator().manual_seed(6)
+    f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))  # noqa: E731
+    u = lambda v: math.exp(f32(math.log(v)))  # noqa: E731
+    tables = {"u_img": {3: u(4.0), 9: u(0.7)}, "u_txt": {4: u(1.5), 6: u(3.0)},
+              "zeta_img": {k: f32(0.1 * float(torch.randn(1, generator=g))) for k in range(n)},
+              "zeta_txt": {k: f32(0.1 * float(torch.randn(1, generator=g))) for k in range(n_txt)}}
+    tables["xi_img"], tables["xi_txt"] = max(tables["zeta_img"].values()), max(tables["zeta_txt"].values())
+    loss = NUCLRLoss(n, tau=tau, gamma=gamma, zeta_lr=lr, zeta_init=0.0, freeze_zeta_steps=0, num_texts=n_txt)
+    assert loss.zeta_txt.shape == (n_txt,) and loss.zeta_img.shape == (n,)
+    _load_tables(loss, tables, n, n_txt)
+    a, b = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
+    v = loss(a, b, index=idx, text_index=tidx)
+    gi, gt = torch.autograd.grad(v, (a, b))
+    bi, bt = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
+    value, surrogate, new = brute_nuclr_step(bi, bt, idx, n, tau, gamma, lr, tables, tidx=tidx)
+    bgi, bgt = torch.autograd.grad(surrogate, (bi, bt))
+    torch.testing.assert_close(v.detach(), torch.tensor(value, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gi, bgi, rtol=1e-8, atol=1e-12)
+    torch.testing.assert_close(gt, bgt, rtol=1e-8, atol=1e-12)
+    for m, size in (("img", n), ("txt", n_txt)):
+        for k, val in new[f"u_{m}"].items():
+            assert math.isclose(float(loss.get_buffer(f"u_{m}")[k].exp()), val, rel_tol=1e-5), (m, k)
+        for k in range(size):
+            assert math.isclose(float(loss.get_buffer(f"zeta_{m}")[k]), new[f"zeta_{m}"][k], rel_tol=1e-5,
+                                abs_tol=1e-6), (m, k)
+    assert torch.isinf(loss.u_txt[[3, 5]]).all()  # sentences no pair drew keep their init
+    with pytest.raises(MedclrError, match="text_index"):
+        loss(img, txt, index=idx)
+    with pytest.raises(MedclrError, match=r"\[0, 7\)"):
+        loss(img, txt, index=idx, text_index=torch.tensor([0, 1, 2, 3, 4, 7]))
+    # every other loss ignores text_index (a trainer passes it to all)
+    assert torch.isfinite(build_loss("infonce")(img, txt, index=idx, text_index=tidx))
 
 
 def test_zeta_step_is_n_times_eq14_on_a_full_batch():

@@ -165,7 +165,8 @@ def test_config_layers_presets_and_overrides():
     from medclr.training.config import load_config
 
     cfg = load_config("dcl_0.05", ["data.manifest=m.parquet", "out=o", "optim.lr=1e-4", "train.batch_size=16"])
-    assert cfg["loss"] == {"name": "dcl", "eta_source": "none", "tau": 0.07, "eta": 0.05, "anchor": "text"}
+    assert cfg["loss"] == {"name": "dcl", "eta_source": "none", "zeta_key": "sentence", "tau": 0.07, "eta": 0.05,
+                           "anchor": "text"}
     assert cfg["model"]["arch"] == "resnet18" and cfg["data"]["crop"] == 64  # cpu_small preset
     assert cfg["model"]["stages"] == 3 and cfg["model"]["output_stride"] == 8 and cfg["model"]["head"] == "lse_nl"
     assert cfg["data"]["sentence_sampling"] == "findings" and cfg["train"]["max_steps"] == 450
@@ -202,6 +203,8 @@ def test_config_layers_presets_and_overrides():
     ("nope", [], "no such file"),
     ("infonce", ["data.augment_on=gpu"], "config data.augment_on 'gpu': expected auto, loader or device"),
     ("infonce", ["data.short_form=2"], "config data.short_form 2.0: expected a probability in [0, 1]"),
+    ("nuclr", ["loss.zeta_key=report"], "config loss.zeta_key 'report': expected one of sentence, study"),
+    ("dcl_lm", ["loss.eta_source=oracle", "data.eta=x"], "expected one of none, lm, true, study_prior"),
 ])
 def test_bad_config_is_one_clear_line(config, overrides, message):
     from medclr.training.config import load_config
