@@ -5,9 +5,10 @@ N training rows (seeded), one sentence each (drawn uniformly, as a training step
 of B; images in the checkpoint's deterministic view (resize, centre crop); similarities as the training
 loop scores them (head.score on head.image_side, i.e. score_blocks in one process). Per pair, the
 per-pair loss of medclr.losses (the rows build_loss(...) averages; the batch means are checked against
-the modules), text-anchored (the paper's Eq. 7) and symmetric (medclr's form before the paper's), with eta
-from the table's PLL under: the paper's a, k; the label-free meaning fit (medclr.lm.eta_fit, the default);
-the exact-string log-space fit (the earlier default); and on a phantom, rho_sent of the drawn sentence
+the modules), text-anchored (the paper's Eq. 7) and symmetric (medclr's form before the paper's), with eta:
+the table's own (the label-free meaning calibration of medclr.lm.eta_fit by default); from the table's PLL,
+the paper's a, k, the sentence power law fitted in linear space and the exact-string log-space fit (the
+earlier default); and on a phantom, rho_sent of the drawn sentence
 (the oracle, medclr.phantom.sentence_keys) as a reference. InfoNCE's batch loss is reported beside
 (below ~3.0 at B = 64 the model tells its negatives apart, and eta can matter).
 
@@ -57,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:  # the fits, as `medclr lm calibrate` reports them
         variants = calibrate(manifest, table, tmp, eta_meta=meta)["variants"]
-    choices = {"paper": (DEFAULT_A, DEFAULT_K), "meaning_fit": (variants["meaning_fit"]["a"], variants["meaning_fit"]["k"]),
+    # "table": the table's own eta (the meaning calibration by default; no a, k); the rest are a * p^k
+    choices = {"table": (meta.get("a"), meta.get("k")), "paper": (DEFAULT_A, DEFAULT_K),
+               "sentence_fit": (variants["sentence_fit"]["a"], variants["sentence_fit"]["k"]),
                "string_fit": (variants["string_fit"]["a"], variants["string_fit"]["k"])}
     tab = table.drop_duplicates("sentence_hash").set_index("sentence_hash")
 
@@ -76,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     sentences = [s[int(rng.choice(len(s), p=w / w.sum()))] for s, w in zip(rows["sentences"], within)]
     hashes = [sentence_hash(s) for s in sentences]
     pll, n_scored = tab["pll"].reindex(hashes).to_numpy(), tab["n_scored"].reindex(hashes).to_numpy()
-    etas = {name: eta_from_pll(pll, n_scored, a=a, k=k, norm=norm) for name, (a, k) in choices.items()}
+    etas = {name: eta_from_pll(pll, n_scored, a=a, k=k, norm=norm) for name, (a, k) in choices.items() if name != "table"}
+    etas["table"] = tab["eta"].reindex(hashes).to_numpy(dtype=np.float64)
     from medclr.phantom.sentence_keys import rho_sent, sentence_key
 
     keys = [[sentence_key(x) for x in row] for row in train["sentences"]]

@@ -74,8 +74,9 @@ CLAIM_METHODS = [m for m in METHODS if m not in ("DeCL", "t-InfoNCE", "NUCLR (st
 PRESETS = {
     # 2 CPU cores, about two hours: the cpu_zeroshot recipe (cpu_small's model: ResNet-18 to layer3 at 64 px,
     # LSE+NL on an 8x8 grid; finding-balanced study draws, short forms, the rule hard-negative term) at batch
-    # 64 for 1,000 steps (the recipe as docs/training.md measured it), the three methods that test eta, one seed,
-    # two runs at a time with one thread each (docs/RESULTS.md has the measured time).
+    # 64 for 400 steps (what fits about two hours on this machine's 2 cores without bf16: ~11 pairs/s a run),
+    # the three methods that test eta and NUCLR keyed by sentence and by study, one seed, two or three runs at
+    # a time with one thread each (docs/RESULTS.md has the measured time).
     "cpu": {"n": 3000, "eval_per_class": 250, "seeds": [0], "steps": 400, "workers": 2, "threads": 1, "sweep_r": [],
             "sweep_methods": [], "sweep_seeds": [0], "methods": ["InfoNCE", "DCL-eta_LM", "DCL-eta_True"],
             "eta_sampling": ["--sentence-sampling", "findings", "--study-sampling", "findings", "--study-balance", "1"],
@@ -219,6 +220,8 @@ def zeta_against_frequency(run: Path) -> dict:
     sampling = dict(sentence_sampling=d["sentence_sampling"], other_weight=float(d["other_sentence_weight"]),
                     study_sampling=d["study_sampling"], study_balance=float(d["study_balance"]))
     rho = rho_sent(table.sentences, **sampling)
+    zeta_init = np.float32(cfg["loss"].get("zeta_init", -0.05))  # the table's dtype: compare before widening
+    moved_any = state["zeta_txt"] != zeta_init
     zeta = state["zeta_txt"].astype(np.float64)
     if TEXT_HASH_KEY in state:
         want = np.array([hash_to_int(sentence_hash(t)) for t in table.texts])
@@ -227,8 +230,7 @@ def zeta_against_frequency(run: Path) -> dict:
         log_rho = np.full(len(table.texts), np.nan)
         for ids, r in zip(table.text_ids, rho):
             log_rho[ids] = np.log(r)
-        moved = zeta != float(cfg["loss"].get("zeta_init", -0.05))  # drawn at least once after the freeze
-        x, y, key = log_rho[moved], zeta[moved], "sentence"
+        x, y, key = log_rho[moved_any], zeta[moved_any], "sentence"  # drawn at least once after the freeze
     else:
         pairs = pair_probabilities(table.sentences, **sampling)
         x = np.array([np.dot(p, np.log(r)) / p.sum() for p, r in zip(pairs, rho)])
@@ -512,9 +514,13 @@ def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.Dat
               f"`medclr lm calibrate` over {calib['n_pairs']} training pairs (mean rho_sent {calib['mean_rho']:.4f}):", "",
               "| eta | a | k | E[eta]/E[rho] | Spearman | median abs(log eta/rho) | E abs(1/(1-eta) - 1/(1-rho)) |",
               "|---|---|---|---|---|---|---|"]
-    for name in ("table", "meaning_fit", "string_fit", "paper", "ground_truth_fit", "constant 0.05", "constant 0.1"):
+    def num(value) -> str:
+        return "–" if value is None else f"{value:.4g}"
+
+    for name in ("table", "meaning_fit", "sentence_fit", "string_fit", "paper", "ground_truth_power", "constant 0.05",
+                 "constant 0.1"):
         x = v[name]
-        lines.append(f"| {name} | {x.get('a', float('nan')):.4g} | {x.get('k', float('nan')):.4g} | {x['mean_ratio']:.2f} | "
+        lines.append(f"| {name} | {num(x.get('a'))} | {num(x.get('k'))} | {x['mean_ratio']:.2f} | "
                      f"{x['spearman']:+.3f} | {x['median_abs_log_ratio']:.2f} | {x['misspecification']:.4f} |")
     lines += ["", "![eta_LM calibration](img/results_eta_lm.png)", "", READING_MARK]
     path.write_text("\n".join(lines) + reading)

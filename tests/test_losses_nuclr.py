@@ -28,10 +28,10 @@ def brute_nuclr_step(img, txt, idx, n, tau, gamma, lr, tables, tidx=None):
     tables: dict with linear u_img/u_txt (None entries = first visit), zeta_img/zeta_txt and
     xi_img/xi_txt as python floats per dataset index. Returns (value, surrogate, new tables);
     surrogate's autograd gradient is Eq. 15 / tau. Duplicated indices: new u averaged
-    (linear), zeta gradients averaged -- the documented convention. ``tidx``: the text tables' keys
-    (sentence-keyed NUCLR); default the dataset index, as the image tables.
+    (linear), zeta gradients averaged -- the documented convention. ``tidx``: the keys of the text zeta
+    (sentence-keyed NUCLR); default the dataset index, as every other table.
     """
-    keys = {"img": idx, "txt": idx if tidx is None else tidx}
+    keys = {"img": idx, "txt": idx if tidx is None else tidx}  # zeta tables; u is always per dataset index
     x, y = _unit(img), _unit(txt)
     B = x.shape[0]
     c = (n - 1) / (B - 1)
@@ -45,13 +45,13 @@ def brute_nuclr_step(img, txt, idx, n, tau, gamma, lr, tables, tidx=None):
             phi.append(c * sum(torch.exp((sim[i, j] - sim[i, i] - zeta[j]) / tau) for j in range(B) if j != i))
         u_pos = []
         for i in range(B):
-            old = tables[f"u_{anc}"].get(int(keys[anc][i]))
+            old = tables[f"u_{anc}"].get(int(idx[i]))
             p = float(phi[i].detach())
             u_pos.append(p if old is None else (1 - gamma) * old + gamma * p)
         groups = {}
         for i in range(B):
-            groups.setdefault(int(keys[anc][i]), []).append(u_pos[i])
-        u_new = [sum(groups[int(keys[anc][i])]) / len(groups[int(keys[anc][i])]) for i in range(B)]
+            groups.setdefault(int(idx[i]), []).append(u_pos[i])
+        u_new = [sum(groups[int(idx[i])]) / len(groups[int(idx[i])]) for i in range(B)]
         for k, vals in groups.items():
             new[f"u_{anc}"][k] = sum(vals) / len(vals)
         eps_xi = math.exp(-xi / tau)
@@ -81,8 +81,8 @@ def brute_nuclr_step(img, txt, idx, n, tau, gamma, lr, tables, tidx=None):
 def _load_tables(loss, tables, n, n_txt=None):
     with torch.no_grad():
         for m in ("img", "txt"):
-            size = n if m == "img" or n_txt is None else n_txt
-            u = torch.full((size,), float("-inf"))
+            size = n if m == "img" or n_txt is None else n_txt  # of the zeta table; u has n entries
+            u = torch.full((n,), float("-inf"))
             for k, v in tables[f"u_{m}"].items():
                 u[k] = math.log(v)
             loss.get_buffer(f"u_{m}").copy_(u)
@@ -132,8 +132,8 @@ def test_one_step_matches_the_paper(duplicates):
 
 
 def test_sentence_keyed_text_tables_match_the_paper_step():
-    """num_texts: the text tables are indexed by the pair's sentence (two pairs drawing the same sentence
-    share its u_txt and zeta_txt), the image tables by the dataset index; one step against the float64 loops."""
+    """num_texts: the text zeta is indexed by the pair's sentence (two pairs drawing the same sentence share
+    it), u and the image zeta by the dataset index; one step against the float64 loops."""
     n, n_txt, B, tau, gamma, lr = 10, 7, 6, 0.2, 0.7, 0.05
     img, txt = _emb(B, seed=2)
     idx = torch.tensor([3, 7, 0, 5, 9, 2])
@@ -141,12 +141,12 @@ def test_sentence_keyed_text_tables_match_the_paper_step():
     g = torch.Generator().manual_seed(6)
     f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))  # noqa: E731
     u = lambda v: math.exp(f32(math.log(v)))  # noqa: E731
-    tables = {"u_img": {3: u(4.0), 9: u(0.7)}, "u_txt": {4: u(1.5), 6: u(3.0)},
+    tables = {"u_img": {3: u(4.0), 9: u(0.7)}, "u_txt": {0: u(1.5), 5: u(3.0)},
               "zeta_img": {k: f32(0.1 * float(torch.randn(1, generator=g))) for k in range(n)},
               "zeta_txt": {k: f32(0.1 * float(torch.randn(1, generator=g))) for k in range(n_txt)}}
     tables["xi_img"], tables["xi_txt"] = max(tables["zeta_img"].values()), max(tables["zeta_txt"].values())
     loss = NUCLRLoss(n, tau=tau, gamma=gamma, zeta_lr=lr, zeta_init=0.0, freeze_zeta_steps=0, num_texts=n_txt)
-    assert loss.zeta_txt.shape == (n_txt,) and loss.zeta_img.shape == (n,)
+    assert loss.zeta_txt.shape == (n_txt,) and loss.zeta_img.shape == (n,) == loss.u_txt.shape
     _load_tables(loss, tables, n, n_txt)
     a, b = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
     v = loss(a, b, index=idx, text_index=tidx)
@@ -158,12 +158,13 @@ def test_sentence_keyed_text_tables_match_the_paper_step():
     torch.testing.assert_close(gi, bgi, rtol=1e-8, atol=1e-12)
     torch.testing.assert_close(gt, bgt, rtol=1e-8, atol=1e-12)
     for m, size in (("img", n), ("txt", n_txt)):
-        for k, val in new[f"u_{m}"].items():
+        for k, val in new[f"u_{m}"].items():  # u per dataset index
             assert math.isclose(float(loss.get_buffer(f"u_{m}")[k].exp()), val, rel_tol=1e-5), (m, k)
         for k in range(size):
             assert math.isclose(float(loss.get_buffer(f"zeta_{m}")[k]), new[f"zeta_{m}"][k], rel_tol=1e-5,
                                 abs_tol=1e-6), (m, k)
-    assert torch.isinf(loss.u_txt[[3, 5]]).all()  # sentences no pair drew keep their init
+    for k in (3, 5):  # sentences no pair drew keep their zeta
+        assert float(loss.zeta_txt[k]) == tables["zeta_txt"][k]
     with pytest.raises(MedclrError, match="text_index"):
         loss(img, txt, index=idx)
     with pytest.raises(MedclrError, match=r"\[0, 7\)"):

@@ -292,14 +292,13 @@ def test_torchrun_two_processes_nuclr_learns_and_saves_tables(tiny, tmp_path):
 
     train = pd.read_parquet(manifest).query("split == 'train'")
     texts = sorted({s for row in train["sentences"] for s in row})  # nuclr.yaml: zeta_key sentence
-    for name in ("u_img", "zeta_img"):
+    for name in ("u_img", "u_txt", "zeta_img"):
         assert tables[name].shape == (16,)
-    for name in ("u_txt", "zeta_txt"):
-        assert tables[name].shape == (len(texts),) and len(texts) > 16
+    assert tables["zeta_txt"].shape == (len(texts),) and len(texts) > 16
     assert tables["text_sentence_hash"].tolist() == [hash_to_int(sentence_hash(t)) for t in texts]
     assert torch.isfinite(tables["u_img"]).all()  # every sample visited (the global batch is the whole set)
-    moved = tables["zeta_txt"] != -0.05  # zeta learned after the (zero) freeze, for the sentences drawn
-    assert 16 <= int(moved.sum()) < len(texts) and torch.equal(moved, torch.isfinite(tables["u_txt"]))
+    moved = tables["zeta_txt"] != torch.tensor(-0.05)  # zeta learned after the (zero) freeze, for the sentences drawn
+    assert 1 <= int(moved.sum()) < len(texts)
     assert int(tables["step"]) == 20
     train_rows = pd.read_parquet(manifest).query("split == 'train'")["index"]
     assert sorted(tables["sample_manifest_index"].tolist()) == sorted(train_rows.tolist())  # position -> manifest row

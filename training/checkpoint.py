@@ -146,12 +146,22 @@ def save_loss_state(loss: torch.nn.Module, path: Path, meta: dict[str, str],
     save_file(tensors, str(path), metadata={k: str(v) for k, v in meta.items()})
 
 
-def load_loss_state(loss: torch.nn.Module, path: Path) -> None:
+def load_loss_state(loss: torch.nn.Module, path: Path, texts: list[str] | None = None) -> None:
+    """Restore the loss's buffers; with ``texts`` (the run's distinct training sentences) a sentence-keyed
+    table must have been saved for exactly those sentences, in that order."""
     from safetensors.torch import load_file
+
+    from medclr.data.text import sentence_hash
 
     state = load_file(str(path))
     state.pop(SAMPLE_INDEX_KEY, None)
-    state.pop(TEXT_HASH_KEY, None)
+    saved_texts = state.pop(TEXT_HASH_KEY, None)
+    if texts is not None and getattr(loss, "num_texts", None) is not None:
+        want = torch.tensor([hash_to_int(sentence_hash(t)) for t in texts], dtype=torch.int64)
+        if saved_texts is None or not torch.equal(saved_texts, want):
+            raise MedclrError(f"checkpoint loss state {str(path)!r}: its text table is not keyed by this run's "
+                              "training sentences (trained with loss.zeta_key=study, or the reports changed); "
+                              "resume with loss.zeta_key=study, or start a new run")
     own = loss.state_dict()
     bad = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
     if bad or set(own) != set(state):
@@ -251,7 +261,7 @@ def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, 
     return final
 
 
-def load_checkpoint(ckpt: Path, *, model, loss, optimizer, scheduler, scaler, env) -> dict:
+def load_checkpoint(ckpt: Path, *, model, loss, optimizer, scheduler, scaler, env, texts: list[str] | None = None) -> dict:
     """Restore everything saved by save_checkpoint into already-built objects; returns trainer_state."""
     from safetensors.torch import load_model
 
@@ -264,7 +274,7 @@ def load_checkpoint(ckpt: Path, *, model, loss, optimizer, scheduler, scaler, en
     if missing or unexpected:
         raise MedclrError(f"checkpoint {str(ckpt)!r}: the model does not match this config "
                           f"({len(missing)} missing, {len(unexpected)} unexpected tensors)")
-    load_loss_state(loss, ckpt / "loss_state.safetensors")
+    load_loss_state(loss, ckpt / "loss_state.safetensors", texts)
     opt = torch.load(ckpt / "optimizer.pt", map_location=env.device, weights_only=True)
     optimizer.load_state_dict(opt["optimizer"])
     scheduler.load_state_dict(opt["scheduler"])

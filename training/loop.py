@@ -322,7 +322,7 @@ class Run:
         if plan.resume is None:
             return 0, state
         state = ckpt_mod.load_checkpoint(plan.resume, model=self.model, loss=self.loss, optimizer=self.optimizer,
-                                         scheduler=self.scheduler, scaler=self.scaler, env=env)
+                                         scheduler=self.scheduler, scaler=self.scaler, env=env, texts=plan.table.texts)
         step = int(state["step"])
         if not state.get("rng_restored"):
             log.warning("resume: no RNG state for rank %d (world size changed?); dropout will differ", env.rank)

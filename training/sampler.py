@@ -16,7 +16,7 @@ whatever the number of loader workers.
 Items are (epoch, index) tuples: the dataset derives its per-item randomness (crop,
 contrast, sentence choice) from them, so it never needs to be told the epoch.
 
-With ``weights`` (``data.study_sampling: findings``, ``training.data.study_weights``) each global
+With ``weights`` (``data.study_sampling: findings``, ``medclr.data.pairs.study_weights``) each global
 batch is instead a weighted draw of ``global_batch`` distinct indices, a pure function of
 (seed, step): the Gumbel top-k trick (keys log w_i + Gumbel noise, the k largest), which is
 sampling without replacement with probabilities proportional to w (Efraimidis and Spirakis,

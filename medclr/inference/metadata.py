@@ -45,7 +45,7 @@ class CheckpointMeta:
     resize: int | None = None  # R: the shorter side before the crop (None: R = C)
     tau: float | None = None  # the loss's temperature (None: the loss has none)
     loss: str | None = None  # loss.name
-    eta_source: str | None = None  # where the loss's eta came from: none | lm | true
+    eta_source: str | None = None  # where the loss's eta came from: none | lm | true | study_prior
     eta_table: str | None = None  # the eta table the config named (absolute path)
     manifest: str | None = None  # the manifest trained on (absolute path)
     split: str | None = None  # its split that was trained on

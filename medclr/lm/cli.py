@@ -173,12 +173,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--norm", choices=("sum", "mean"), default=None, help="default: the eta table's")
     p.add_argument("--fit-split", default="train", help="the rows whose pairs define rho_sent and the fits (default train)")
-    p.add_argument("--study-sampling", choices=("uniform", "findings"), default=None,
-                   help="how training draws reports and sentences, for rho_sent (default: what the eta table was "
-                   "calibrated for)")
-    p.add_argument("--study-balance", type=float, default=0.5)
-    p.add_argument("--sentence-sampling", choices=("uniform", "findings"), default="uniform")
-    p.add_argument("--other-sentence-weight", type=float, default=0.1)
+    g = p.add_argument_group("how training draws pairs, for rho_sent (default: what the eta table was calibrated "
+                             "for; any of these flags: the training config's data.* keys of the same names, the "
+                             "others at their defaults)")
+    g.add_argument("--sentence-sampling", choices=("uniform", "findings"), default=None)
+    g.add_argument("--other-sentence-weight", type=float, default=None)
+    g.add_argument("--study-sampling", choices=("uniform", "findings"), default=None)
+    g.add_argument("--study-balance", type=float, default=None)
     p.set_defaults(run=run_calibrate)
 
     p = sub.add_parser("report", help="PLL distribution and PLL against sentence frequency (plot + json)",
@@ -255,9 +256,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
         manifest = attach_ground_truth(manifest, args.ground_truth)
     table, meta = read_eta_table(args.eta)
-    sampling = None if args.study_sampling is None else {
-        "sentence_sampling": args.sentence_sampling, "other_weight": args.other_sentence_weight,
-        "study_sampling": args.study_sampling, "study_balance": args.study_balance}
+    given = {"sentence_sampling": args.sentence_sampling, "other_weight": args.other_sentence_weight,
+             "study_sampling": args.study_sampling, "study_balance": args.study_balance}
+    sampling = {k: v for k, v in given.items() if v is not None} or None  # the rest: pair_probabilities' defaults
     result = calibrate(manifest, table, args.out, eta_meta=meta, norm=args.norm, fit_split=args.fit_split,
                        sampling=sampling)
     keys = ("mean_ratio", "spearman", "median_abs_log_ratio", "misspecification")

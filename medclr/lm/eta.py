@@ -23,8 +23,8 @@ in the corpus by default (label-free, ``medclr.lm.eta_fit``); given a, k overrid
 
 The table (``eta.parquet``) has the columns of :data:`TABLE_COLUMNS`; its
 parquet metadata (key ``medclr_eta``) records the model, its fingerprint, the
-PLL variant and a, k, norm, eta_max, and (tables written since the corpus fit)
-``eta_params``: where a, k came from and the corpus fit with its statistics. It is keyed by
+PLL variant, norm, eta_max, a and k where eta = a * p^k (None under the meaning calibration),
+and ``eta_params``: what eta is and its fit (``medclr.lm.eta_fit``) with its statistics. It is keyed by
 ``medclr.data.text.sentence_hash`` (the same hash the manifest side uses).
 Scoring again with the same model only scores sentences not yet in the table;
 changing a, k, norm or eta_max only recomputes eta.

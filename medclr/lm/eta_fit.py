@@ -24,7 +24,7 @@ Methods (``medclr lm score --eta-fit``):
   isotonic (monotone non-decreasing) map of log p_LM(c), fitted by weighted least squares to f in
   linear space (sklearn's IsotonicRegression, weights = the pairs' draw probabilities): the LM keeps
   the ranking, the corpus gives the scale, and the weighted mean of eta over the pairs equals that of f
-  (isotonic regression preserves it). The map is recorded as its knots.
+  (isotonic regression preserves it, unless a value is clipped at eta_max). The map is recorded as its knots.
 * ``sentence``: the paper's form eta = a * p_LM(x)^k on the sentence's own log p, a and k fitted by
   weighted least squares to f in linear space (so the mean eta lands on the mean f; a fit in log space
   lands on the geometric mean, ~10x lower for these heavy-tailed frequencies).

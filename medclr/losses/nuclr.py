@@ -25,11 +25,12 @@ same scale as InfoNCE (with gamma = 1, B = n, zeta = xi = 0 the gradient IS Info
 Its value is mean_i softplus(log u_i + xi/tau) = the estimated -log p(positive) under the
 NUCLR logits (s_ij - zeta_j)/tau, (s_ii - xi)/tau (grows like log n, not log B).
 
-Tables (registered buffers, in state_dict): image tables indexed by the dataset index (``index``), text
-tables by ``text_index`` when the loss is built with ``num_texts`` (one entry per distinct sentence: a step
-pairs an image with one sentence of its report, drawn anew at every visit, so a text's popularity belongs to
-the sentence -- "No pneumothorax." is popular wherever it is written -- not to the study that holds it),
-else by the dataset index too (one text per sample, the papers' image-caption setting):
+Tables (registered buffers, in state_dict): u (both directions) and the image zeta indexed by the dataset
+index (``index``: the pair, whose sentence is redrawn at every visit like an augmentation, as SogCLR keys its
+moving averages by sample); the text zeta and xi by ``text_index`` when the loss is built with ``num_texts``
+(one entry per distinct sentence: a candidate's popularity is about what it says -- "No pneumothorax." is
+popular wherever it is written -- not about the study that holds it), else by the dataset index too (one
+text per sample, the papers' image-caption setting):
   u_img[i]   LOG of u for image i as an anchor (image->text); u_txt[j] likewise for texts.
              -inf = never visited: the first visit takes phi outright.
   zeta_txt[j] popularity of text j as a candidate of image anchors (same units as s);
@@ -102,7 +103,7 @@ class NUCLRLoss(ContrastiveLoss):
         self._check_schedule(freeze_zeta_steps, freeze_zeta_epochs, zeta_lr_schedule)
         self.num_samples, self.tau, self.gamma = num_samples, check_tau(tau), float(gamma)
         self.num_texts = num_texts
-        sizes = {"img": num_samples, "txt": num_samples if num_texts is None else num_texts}
+        zeta_sizes = {"img": num_samples, "txt": num_samples if num_texts is None else num_texts}
         self.learn_zeta = bool(learn_zeta)
         # The step sizes of this step: on_step rewrites them under the cosine schedule.
         self.zeta_lr = float(zeta_lr)
@@ -113,11 +114,11 @@ class NUCLRLoss(ContrastiveLoss):
         # None until configure() converts freeze_zeta_epochs with the run's steps per epoch.
         self.freeze_zeta_steps = None if freeze_zeta_epochs is not None else int(freeze_zeta_steps or 0)
         for m in ("img", "txt"):
-            self.register_buffer(f"u_{m}", torch.full((sizes[m],), float("-inf")))
+            self.register_buffer(f"u_{m}", torch.full((num_samples,), float("-inf")))
         if self.learn_zeta:
             # xi_0 = max(xi_init, zeta_0) >= every zeta, as Algorithm 1 line 1 requires.
             for m in ("img", "txt"):
-                self.register_buffer(f"zeta_{m}", torch.full((sizes[m],), float(zeta_init)))
+                self.register_buffer(f"zeta_{m}", torch.full((zeta_sizes[m],), float(zeta_init)))
                 self.register_buffer(f"xi_{m}", torch.tensor(max(float(xi_init), float(zeta_init))))
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
@@ -198,8 +199,8 @@ class NUCLRLoss(ContrastiveLoss):
             with torch.no_grad():
                 new = log_phi_all[:, k]
                 if train:
-                    new = ema_log(table[idx_of[anc]].to(new.dtype), new, self.gamma)
-                uniq, reduced, per_pos = dedup_mean(idx_of[anc], new, log_space=True)
+                    new = ema_log(table[idx_of["img"]].to(new.dtype), new, self.gamma)
+                uniq, reduced, per_pos = dedup_mean(idx_of["img"], new, log_space=True)
                 if train:
                     table[uniq] = reduced.to(table.dtype)
                 log_u = per_pos[pos_t].to(s.device, s.dtype)  # u_{t+1} of the local anchors
