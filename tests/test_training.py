@@ -298,7 +298,7 @@ def test_torchrun_two_processes_nuclr_learns_and_saves_tables(tiny, tmp_path):
     assert tables["text_sentence_hash"].tolist() == [hash_to_int(sentence_hash(t)) for t in texts]
     assert torch.isfinite(tables["u_img"]).all()  # every sample visited (the global batch is the whole set)
     moved = tables["zeta_txt"] != torch.tensor(-0.05)  # zeta learned after the (zero) freeze, for the sentences drawn
-    assert 1 <= int(moved.sum()) < len(texts)
+    assert 16 <= int(moved.sum()) <= len(texts)
     assert int(tables["step"]) == 20
     train_rows = pd.read_parquet(manifest).query("split == 'train'")["index"]
     assert sorted(tables["sample_manifest_index"].tolist()) == sorted(train_rows.tolist())  # position -> manifest row
