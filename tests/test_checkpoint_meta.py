@@ -196,3 +196,24 @@ def test_training_records_the_tau_its_loss_used(name, kwargs, tau):
     meta = checkpoint_meta(state, loss)
     assert meta.tau == tau and (meta.image_size, meta.resize, meta.loss, meta.step) == (32, 36, name, 2)
     assert meta.manifest == str(Path("m.parquet").resolve()) and meta.eta_table is None
+
+
+def test_sentence_keyed_zeta_is_read_per_sentence(tmp_path):
+    """A NUCLR run with loss.zeta_key: sentence saves zeta_txt per distinct sentence beside its hashes: the
+    inspector reads it per sentence, never as if it were per report; zeta_img stays per report."""
+    from safetensors.torch import save_file
+
+    from medclr.data.text import sentence_hash
+    from medclr.inference.checkpoint import SAMPLE_INDEX_KEY, TEXT_HASH_KEY, hash_to_int
+    from medclr.inference.stats import SentenceStats
+
+    texts = ["Large right pneumothorax.", "No pleural effusion.", "No pneumothorax."]  # more texts than reports
+    save_file({"loss.zeta_txt": torch.tensor([0.3, -0.1, 0.2]), "loss.zeta_img": torch.tensor([0.5, 0.7]),
+               SAMPLE_INDEX_KEY: torch.tensor([10, 11]),
+               TEXT_HASH_KEY: torch.tensor([hash_to_int(sentence_hash(t)) for t in texts])},
+              str(tmp_path / "loss_state.safetensors"))
+    stats = SentenceStats.from_checkpoint(tmp_path, None)
+    assert stats.has_zeta and stats.sentence_zeta("No pneumothorax.") == pytest.approx(0.2)
+    assert stats.sentence_zeta("No   pneumothorax.") == pytest.approx(0.2)  # whitespace-normalised, as the hash
+    assert stats.sentence_zeta("Not a training sentence.") is None
+    assert stats.zeta(10) == {"img": pytest.approx(0.5)} and stats.zeta(11) == {"img": pytest.approx(0.7)}
