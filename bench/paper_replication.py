@@ -454,8 +454,9 @@ def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.Dat
              f"{cfg['n']} phantom studies; every method trained through the LSE+NL head for {cfg['steps']} steps "
              f"({' '.join(train)}), seeds {cfg['seeds']}, same data, LM and eta table, only the loss differs; "
              f"{len(rows) + int((sweep['r'] != 1.0).sum())} runs, {cfg['workers']} at a time; "
-             f"**{wall_min:.0f} min wall time** for the whole script including the data ({run_min:.0f} min of "
-             "train + eval summed over runs). Evaluated on the phantom's test split (CheX5 zero-shot AUC with the "
+             f"**{wall_min:.0f} min wall time** for this invocation (runs cached by an earlier invocation of the "
+             f"same WORK are not counted: see the reading) and {run_min:.0f} min of train + eval summed over runs. "
+             "Evaluated on the phantom's test split (CheX5 zero-shot AUC with the "
              "paper's prompts, MS-CXR-format grounding CNR/mIoU, box-sentence retrieval Recall (mean of R@10/50/100) and MedR; "
              "docs/evaluation.md). Mean ± sd over seeds; paired differences are over the same seeds with a "
              "Student-t 95 % CI.", "",
