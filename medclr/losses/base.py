@@ -30,6 +30,7 @@ trainer calls ``configure(num_samples, steps_per_epoch, total_steps)`` once befo
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -39,6 +40,12 @@ import torch.nn.functional as F
 from medclr.errors import MedclrError
 from medclr.losses._logspace import upcast
 from medclr.losses.distributed import GlobalBatch
+
+
+@functools.cache
+def _takes_text_index(cls: type) -> bool:
+    """Whether a loss class's ``compute`` takes ``text_index`` (read once per class, not per step)."""
+    return "text_index" in inspect.signature(cls.compute).parameters
 
 
 class ContrastiveLoss(nn.Module):
@@ -58,7 +65,7 @@ class ContrastiveLoss(nn.Module):
 
     def forward(self, image_emb: torch.Tensor | None = None, text_emb: torch.Tensor | None = None, index=None,
                 eta=None, *, sims: tuple[torch.Tensor, torch.Tensor] | None = None, text_index=None, **extra):
-        if text_index is not None and "text_index" in inspect.signature(self.compute).parameters:
+        if text_index is not None and _takes_text_index(type(self)):
             extra["text_index"] = text_index  # sentence-keyed tables (NUCLR); every other loss ignores it
         if sims is not None:
             return self._forward_sims(sims, image_emb, text_emb, index=index, eta=eta, **extra)
