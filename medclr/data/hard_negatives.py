@@ -11,7 +11,9 @@ Hard negatives come in three kinds, each a sentence that states something the im
   ("Small left pleural effusion." -> "Small right pleural effusion."), which only a model that
   looks at the right place can get right.
 
-:func:`hard_negatives` makes the list for one drawn sentence of one report.
+:func:`hard_negatives` makes the list for one drawn sentence of one report. :func:`meaning_key` reads the same
+cues into a label-free key of what a sentence states (polarity, finding, side), the target ``medclr.lm.eta_fit``
+calibrates eta_LM to.
 
 ``negate(sentence)`` returns a sentence of the opposite polarity ("Small left pleural effusion." ->
 "No small left pleural effusion."; "There is no pneumothorax." -> "There is pneumothorax.") or None
@@ -44,6 +46,7 @@ Rules, first match wins:
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 # rule 1: sentences whose polarity one cue does not decide
 _MIXED = re.compile(
@@ -254,6 +257,7 @@ _NORMAL_HEART = re.compile(r"\b(?:heart|cardiac|cardiomediastinal)\b[^.;]*\b(?:n
                            r"not enlarged)\b", re.IGNORECASE)
 
 
+@lru_cache(maxsize=65536)
 def meaning_key(sentence: str) -> str:
     """A label-free key of what a sentence states, read from its words: equal keys for paraphrases.
 

@@ -145,9 +145,9 @@ def meaning_log_p(eta_table: pd.DataFrame, norm: str = "sum") -> pd.Series:
 
     from medclr.data.hard_negatives import meaning_key
 
-    tab = eta_table[eta_table["pll"].notna()].drop_duplicates("sentence_hash")
-    lp = pd.Series(log_p(tab["pll"].to_numpy(), tab["n_scored"].to_numpy(), norm), index=tab["sentence_hash"].to_numpy())
-    keys = pd.Series([meaning_key(s) for s in tab["sentence"]], index=lp.index)
+    lp = _sentence_log_p(eta_table, norm)
+    sentence_of = eta_table.drop_duplicates("sentence_hash").set_index("sentence_hash")["sentence"]
+    keys = pd.Series([meaning_key(s) for s in sentence_of.reindex(lp.index)], index=lp.index)
     pooled = lp.groupby(keys).agg(lambda v: float(logsumexp(v.to_numpy())))
     return keys.map(pooled).reindex(eta_table["sentence_hash"].drop_duplicates().to_numpy())
 
