@@ -23,8 +23,9 @@ from medclr.phantom.plan import class_model_prob, plan_study
 from medclr.phantom.textmatch import mention_state, sentence_side
 from medclr.phantom.writer import CHEXPERT_COLUMNS, METADATA_COLUMNS, MSCXR_COLUMNS, SPLIT_COLUMNS
 
-N, SIZE, EVAL_K = 24, 128, 3
-N_ALL = N + 5 * EVAL_K + 3  # the pool, then EVAL_K per CheX5 class and 1 per other grounding category
+N, SIZE, EVAL_K, VAL_K = 24, 128, 3, 2
+N_ALL = N + 5 * EVAL_K + 3 + 5 * VAL_K  # the pool, EVAL_K per CheX5 class and 1 per other grounding category, VAL_K
+#                                         balanced validation studies per CheX5 class
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def material():
 def phantom(tmp_path_factory, material):
     out = tmp_path_factory.mktemp("phantom")
     generate(out, N, seed=5, source="both", size=SIZE, dicom=True, workers=2, fractions=(0.5, 0.2), progress=False,
-             eval_per_class=EVAL_K)
+             eval_per_class=EVAL_K, val_per_class=VAL_K)
     return out
 
 
@@ -81,7 +82,7 @@ def test_format_round_trip(phantom):
 def test_eval_sets_are_class_balanced_and_subject_disjoint(phantom):
     gt = read_ground_truth(phantom)
     df = read_mimic_cxr_jpg(phantom, views=None).merge(gt[["dicom_id", "eval_target"]], on="dicom_id")
-    ev = df[df["eval_target"] != ""]
+    ev = df[(df["eval_target"] != "") & (df["split"] == "test")]
     assert len(ev) == 5 * EVAL_K + 3 and (ev["split"] == "test").all()
     assert not set(ev["subject_id"]) & set(df.loc[df["eval_target"] == "", "subject_id"])
     for label in CHEX5:
@@ -92,6 +93,22 @@ def test_eval_sets_are_class_balanced_and_subject_disjoint(phantom):
     assert summary["test_chex5"]["Edema"]["positive"] >= EVAL_K and summary["eval_studies"] == 5 * EVAL_K + 3
     ms = read_mscxr(phantom / "MS_CXR_Local_Alignment_v1.1.0.csv")
     assert set(ms["category_name"]) == set(V.MSCXR_OF.values())  # all 8 grounding categories
+
+
+def test_balanced_validation_studies_are_subject_disjoint_from_the_evaluation_sets(phantom):
+    """The validate split's class-balanced studies (what training calibrates each finding on) share no subject
+    with the test split (the evaluation sets) nor with training, and hold VAL_K positives per CheX5 class."""
+    gt = read_ground_truth(phantom)
+    df = read_mimic_cxr_jpg(phantom, views=None).merge(gt[["dicom_id", "eval_target"]], on="dicom_id")
+    val = df[(df["eval_target"] != "") & (df["split"] == "validate")]
+    assert len(val) == 5 * VAL_K
+    for label in CHEX5:
+        assert (val[label] == 1.0).sum() == VAL_K
+    by_split = {s: set(df.loc[df["split"] == s, "subject_id"]) for s in ("train", "validate", "test")}
+    assert not by_split["validate"] & by_split["test"] and not by_split["validate"] & by_split["train"]
+    assert not by_split["train"] & by_split["test"]
+    summary = __import__("json").loads((phantom / "phantom.json").read_text())
+    assert summary["val_studies"] == 5 * VAL_K and summary["splits"]["validate"] >= 5 * VAL_K
 
 
 def test_eval_plan_at_full_size(material):

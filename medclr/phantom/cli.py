@@ -7,7 +7,7 @@ import logging
 import os
 
 from medclr.errors import MedclrError
-from medclr.phantom.vocab import EVAL_PER_CLASS
+from medclr.phantom.vocab import EVAL_PER_CLASS, VAL_PER_CLASS
 
 HELP = "generate a CXR-Phantom image-report data set with ground truth"  # what `medclr --help` shows
 
@@ -80,6 +80,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"evaluation sets (the test split, subjects of their own, on top of N): K single-positive "
                              f"studies per CheX5 class and K/5 per other MS-CXR category (default {EVAL_PER_CLASS}; "
                              "0 = none)")
+    parser.add_argument("--val-per-class", type=int, default=VAL_PER_CLASS, metavar="K",
+                        help=f"balanced validation studies (split validate, subjects of their own, on top of N): K "
+                             f"single-positive studies per CheX5 class, on which training calibrates each finding's "
+                             f"zero-shot score (default {VAL_PER_CLASS}; 0 = none)")
     parser.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95, as MIMIC-CXR-JPG)")
     parser.add_argument("--overwrite", action="store_true", help="replace a phantom data set already in --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -95,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         raise MedclrError(f"--quality {args.quality}: expected 1..100")
     summary = generate(args.out, args.n, seed=args.seed, source=args.source, size=args.size, dicom=args.dicom,
                        workers=args.workers, fractions=args.split, quality=args.quality, overwrite=args.overwrite,
-                       progress=not args.quiet, eval_per_class=args.eval_per_class)
+                       progress=not args.quiet, eval_per_class=args.eval_per_class,
+                       val_per_class=args.val_per_class)
     logging.getLogger(__name__).info(
         "wrote %d studies (%s) to %s: %d latent classes, %d MS-CXR boxes in the test split",
         summary["n_total"], ", ".join(f"{k} {v}" for k, v in summary["splits"].items()), args.out, summary["n_classes"],

@@ -31,7 +31,7 @@ from medclr import __version__
 from medclr.errors import MedclrError
 from medclr.phantom import reports as R, vocab as V, writer as W
 from medclr.phantom.material import load_material
-from medclr.phantom.plan import SOURCES, class_model_prob, eval_targets, plan_eval_study, plan_study
+from medclr.phantom.plan import CHEX5_TARGETS, SOURCES, class_model_prob, eval_targets, plan_eval_study, plan_study
 from medclr.phantom.renderer import render
 
 log = logging.getLogger(__name__)
@@ -69,9 +69,10 @@ def _init(ctx: dict) -> None:
 
 
 def _spec(key) -> dict:
-    """A pool study is keyed by its number k; an evaluation study by (j, target)."""
+    """A pool study is keyed by its number k; an evaluation study by (j, target), a balanced validation
+    study by (j, target, "validate")."""
     if isinstance(key, tuple):
-        return plan_eval_study(_CTX["material"], _CTX["seed"], key[0], key[1])
+        return plan_eval_study(_CTX["material"], _CTX["seed"], *key)
     return plan_study(_CTX["material"], _CTX["source"], _CTX["seed"], key)
 
 
@@ -110,7 +111,7 @@ def _study(task) -> dict:
     report = R.format_report(spec["findings_text"], spec["impression_text"], spec["view"], spec["indication"],
                              spec["comparison"])
     (out / report_path).write_text(report, encoding="utf-8")
-    split = "test" if spec["eval_target"] else split_of(subject, seed, c["fractions"])
+    split = spec["eval_split"] if spec["eval_target"] else split_of(subject, seed, c["fractions"])
     meta = _meta(spec, ids, size, nth, seed)
     row = {"dicom_id": dicom_id, "subject_id": subject, "study_id": study, "split": split, "meta": meta}
     if c["dicom"]:
@@ -190,13 +191,17 @@ def _pool(workers: int, ctx: dict):
 
 def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, dicom: bool = False,
              workers: int | None = None, fractions: tuple[float, float] = (0.9, 0.1), quality: int = 95,
-             overwrite: bool = False, progress: bool = True, eval_per_class: int = V.EVAL_PER_CLASS) -> dict:
+             overwrite: bool = False, progress: bool = True, eval_per_class: int = V.EVAL_PER_CLASS,
+             val_per_class: int = V.VAL_PER_CLASS) -> dict:
     """Write a phantom data set to ``out``; returns the summary also saved as phantom.json.
 
     ``n`` pool studies of ``source`` are split by subject into train / validate / test by ``fractions``
     (train, validate; the rest test: none by default). The evaluation sets follow as the test split, on
     subjects of their own (:func:`medclr.phantom.plan.eval_targets`): ``eval_per_class`` single-positive
-    studies per CheX5 class and ``eval_per_class // 5`` per other MS-CXR category (0: none).
+    studies per CheX5 class and ``eval_per_class // 5`` per other MS-CXR category (0: none). The validate
+    split gets ``val_per_class`` single-positive studies per CheX5 class on top of its pool share, also on
+    subjects of their own: enough positives of every finding for training's per-finding calibration
+    (the pool's validate share holds a handful of pneumonias).
     """
     if source not in SOURCES:
         raise MedclrError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
@@ -208,6 +213,8 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
         raise MedclrError(f"--split {fractions}: expected train and validate fractions summing to at most 1")
     if not (0 <= int(eval_per_class) <= 100_000):
         raise MedclrError(f"--eval-per-class {eval_per_class}: expected 0..100000")
+    if not (0 <= int(val_per_class) <= 100_000):
+        raise MedclrError(f"--val-per-class {val_per_class}: expected 0..100000")
     if int(eval_per_class) == 0 and fractions[0] + fractions[1] >= 1 - 1e-9:
         raise MedclrError("no test split: pass --eval-per-class N (evaluation sets) or a --split with a test share")
     out = Path(out)
@@ -227,7 +234,8 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
         classes = list(tqdm(run(_plan_class, range(n), chunk), total=n, desc="plan", unit="study",
                             disable=not progress, leave=False))
         targets = eval_targets(int(eval_per_class))
-        eval_keys = list(enumerate(targets))
+        eval_keys = list(enumerate(targets)) + [
+            (j, t, "validate") for j, t in enumerate(t for t in CHEX5_TARGETS for _ in range(int(val_per_class)))]
         eval_classes = list(run(_plan_class, eval_keys, max(1, min(64, len(eval_keys) // (4 * workers) or 1))))
         counts = Counter(classes)  # the pool's distribution: what training batches see
         model = {c: class_model_prob(material, source, c) for c in set(classes) | set(eval_classes)}
@@ -267,7 +275,8 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
     summary = {"status": "complete", "version": __version__, "n": int(n), "seed": int(seed), "source": source,
                "size": int(size), "dicom": bool(dicom), "split_fractions": list(fractions),
                "splits": dict(sorted(tally.splits.items())), "n_total": len(keys),
-               "eval_per_class": int(eval_per_class), "eval_studies": len(eval_keys),
+               "eval_per_class": int(eval_per_class), "val_per_class": int(val_per_class),
+               "eval_studies": len(targets), "val_studies": len(eval_keys) - len(targets),
                "n_classes": len(counts), "chex5_positive": dict(tally.chex5), "test_chex5": tally.test_chex5(),
                "mscxr_boxes": writer.n_boxes, "mscxr_boxes_by_category": dict(sorted(tally.boxes.items())),
                "latent_class": "sorted canonical rendered findings, ':side' for lateral findings whose side the "

@@ -34,6 +34,9 @@ SOURCES = ("openi", "composed", "both")
 CHEX5_TARGETS = ("cardiomegaly", "edema", "pleural_effusion", "pneumonia", "pneumothorax")
 GROUNDING_TARGETS = ("atelectasis", "consolidation", "opacity")
 EVAL_K0 = 1 << 40
+# The class-balanced validation studies (split "validate", on subjects of their own) are drawn the same
+# way from streams of their own: what training fits each finding's calibration on, never the test split.
+VAL_K0 = 3 << 40
 DEVICE_KINDS = {"central_line": 0.4, "tube": 0.25, "pacemaker": 0.2, "sternotomy": 0.1, "surgical_clips": 0.05}
 KIND_CHOICES = {"nodule": (("nodule", 0.55), ("calcified", 0.3), ("mass", 0.15)),
                 "atelectasis": (("plate", 0.7), ("wedge", 0.3)), "tube": (("et", 0.6), ("ng", 0.4)),
@@ -204,10 +207,11 @@ def eval_targets(per_class: int) -> list[str]:
     return [c for c in CHEX5_TARGETS for _ in range(per_class)] + [c for c in GROUNDING_TARGETS for _ in range(other)]
 
 
-def plan_eval_study(material, seed: int, j: int, target: str) -> dict:
-    """Evaluation study ``j``: a composed study whose findings include ``target`` and no other CheX5
-    finding (redrawn until a sentence states the target). Independent of the pool's size."""
-    k = EVAL_K0 + int(j)
+def plan_eval_study(material, seed: int, j: int, target: str, split: str = "test") -> dict:
+    """Evaluation study ``j`` (``split`` test) or balanced validation study ``j`` (``validate``): a composed
+    study whose findings include ``target`` and no other CheX5 finding (redrawn until a sentence states the
+    target). Independent of the pool's size."""
+    k = (EVAL_K0 if split == "test" else VAL_K0) + int(j)
     for attempt in range(64):
         rng = stream(seed, k, "plan", attempt)
         spec = _plan_composed(material, rng, target)
@@ -216,7 +220,7 @@ def plan_eval_study(material, seed: int, j: int, target: str) -> dict:
     else:
         raise ValueError(f"evaluation study {j}: no sentence states {target} after 64 draws")
     _view(spec, rng)
-    spec.update(seed=int(seed), k=k, eval_target=target)
+    spec.update(seed=int(seed), k=k, eval_target=target, eval_split=split)
     return spec
 
 

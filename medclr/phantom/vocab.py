@@ -75,6 +75,9 @@ MSCXR_OF = {
 # Evaluation-set studies per CheX5 class (the test split, medclr.phantom.plan.eval_targets): >= 250
 # positives and >> 250 negatives per class; the paper's CheX5 set has ~1,000 images per task.
 EVAL_PER_CLASS = 250
+# Balanced validation studies per CheX5 class (split validate): the positives each finding's zero-shot
+# calibration is fitted on at the end of training (medclr.findings).
+VAL_PER_CLASS = 40
 CHEX5_OF = {"cardiomegaly": "Cardiomegaly", "edema": "Edema", "pleural_effusion": "Pleural Effusion",
             "pneumonia": "Pneumonia", "pneumothorax": "Pneumothorax"}
 
