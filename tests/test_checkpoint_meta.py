@@ -38,7 +38,7 @@ def _nested(dotted: str, value) -> dict:
 def test_write_then_read_gives_the_same_record(tmp_path):
     path = write_metadata(tmp_path, FULL)
     raw = json.loads(path.read_text())
-    assert path.name == "checkpoint_meta.json" and raw["format_version"] == 1 and "source" not in raw
+    assert path.name == "checkpoint_meta.json" and raw["format_version"] == 2 and "source" not in raw
     assert raw["image_size"] == 480 and raw["last_loss"] == 3.989
     meta = read_metadata(tmp_path)
     assert meta == FULL
@@ -149,8 +149,8 @@ def test_an_unreadable_old_side_file_is_skipped(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ({"format_version": 2, "image_size": 64}, r"format_version 2 is newer than this medclr reads \(1\)"),
-    ({"format_version": "1", "image_size": 64}, r"format_version '1', expected an integer from 1 to 1"),
+    ({"format_version": 3, "image_size": 64}, r"format_version 3 is newer than this medclr reads \(2\)"),
+    ({"format_version": "1", "image_size": 64}, r"format_version '1', expected an integer from 1 to 2"),
     ({"image_size": 64}, r"format_version None, expected an integer"),
     ({"format_version": 1, "resize": 64}, r"required field 'image_size' is missing"),
     ({"format_version": 1, "image_size": None}, r"required field 'image_size' is missing"),

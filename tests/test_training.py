@@ -455,7 +455,8 @@ def test_phantom_dcl_true_and_dcl_lm_train(tmp_path):
 
     ph = tmp_path / "phantom"
     proc = subprocess.run([sys.executable, "-m", "medclr", "phantom", "--out", str(ph), "--n", "48", "--size", "64",
-                           "--seed", "1", "--eval-per-class", "4", "--quiet"], env=_env(), capture_output=True, text=True,
+                           "--seed", "1", "--eval-per-class", "4", "--val-per-class", "6", "--quiet"], env=_env(),
+                          capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     df = attach_ground_truth(read_mimic_cxr_jpg(ph, views=None), ph)
@@ -475,3 +476,14 @@ def test_phantom_dcl_true_and_dcl_lm_train(tmp_path):
         summary = json.loads(proc.stdout.strip().splitlines()[-1])["train"]
         assert summary["steps"] == 4 and np.isfinite(summary["last_loss"])
         assert (out / "model.safetensors").is_file() and (out / "checkpoint_meta.json").is_file()
+    # the end-of-training validation recorded, per CheX5 finding, whether the model reads it (medclr.findings):
+    # every labelled validation image (6 balanced studies per class and the pool's share), not val.max_images
+    from medclr.inference import read_metadata
+    from medclr.prompts import CHEX5
+
+    rec = read_metadata(tmp_path / "dcl_lm").findings
+    n_val = int((df["split"] == "validate").sum())
+    assert rec["split"] == "validate" and set(rec["classes"]) == set(CHEX5)
+    for entry in rec["classes"].values():
+        assert entry["n"] <= n_val and entry["n_pos"] >= 6 and isinstance(entry["reads"], bool)
+        assert entry["reads"] == (entry["reason"] is None) and entry["platt"] is not None

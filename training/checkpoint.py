@@ -221,7 +221,7 @@ def checkpoint_meta(trainer_state: dict, loss: torch.nn.Module) -> CheckpointMet
         eta_source=cfg["loss"].get("eta_source"), eta_table=_absolute(cfg["data"].get("eta")),
         manifest=_absolute(cfg["data"]["manifest"]), split=cfg["data"]["split"], data_fingerprint=st["fingerprint"],
         n_train=st["n_train"], global_batch=st["global_batch"], step=st["step"], total_steps=st["total_steps"],
-        last_loss=st["last_loss"])
+        last_loss=st["last_loss"], findings=st.get("findings"))
 
 
 def _absolute(path: str | None) -> str | None:

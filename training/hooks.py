@@ -170,6 +170,34 @@ class Validator:
         return prompt_embeddings(lambda texts: self._embed_texts(model, texts, normalize=False),
                                  {c: prompts[c] for c in CHEX5})
 
+    @torch.no_grad()
+    def findings(self, model) -> dict | None:
+        """Which CheX5 findings the model reads (``medclr.findings.fit_findings``), from every labelled image
+        of the validation split (not the ``val.max_images`` subset: the rare findings need all their
+        positives); None without a labelled validation split."""
+        from medclr.data.labels import CHEX5
+        from medclr.findings import fit_findings
+        from medclr.training.data import PairDataset, load_table
+
+        try:
+            table = load_table(self.cfg, split=self.cfg["data"]["val_split"], eta=False)
+        except MedclrError as exc:
+            log.info("per-finding validation skipped: %s", exc)
+            return None
+        if table.labels is None or len(table) < 2:
+            return None
+        was_training = model.training
+        model.eval()
+        devices = [self.device] if self.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                ds = PairDataset(table, self.cfg)
+                _img, s_pos, s_neg = self._embed_images(model, ds, self._zero_shot_prompts(model, table.labels))
+        finally:
+            model.train(was_training)
+        return fit_findings(s_pos - s_neg, table.labels, CHEX5, seed=int(self.cfg["seed"]),
+                            split=str(self.cfg["data"]["val_split"]))
+
     def _score(self, model, ds) -> dict:
         from medclr.metrics import retrieval_metrics, zero_shot_metrics  # scipy, scikit-learn: only when validating
 

@@ -33,13 +33,13 @@ from medclr.inference.preprocess import DEFAULT_IMAGE_SIZE
 log = logging.getLogger(__name__)
 
 METADATA_NAME = "checkpoint_meta.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 LOSS_STATE_NAME = "loss_state.safetensors"
 
 
 @dataclass(frozen=True)
 class CheckpointMeta:
-    """Version 1 of ``checkpoint_meta.json``. Only ``image_size`` is required; unknown facts are None."""
+    """Version 2 of ``checkpoint_meta.json``. Only ``image_size`` is required; unknown facts are None."""
 
     image_size: int  # C: the centre crop the model sees (training's data.crop)
     resize: int | None = None  # R: the shorter side before the crop (None: R = C)
@@ -55,6 +55,9 @@ class CheckpointMeta:
     step: int | None = None  # optimizer steps done at this save
     total_steps: int | None = None
     last_loss: float | None = None
+    # Version 2: which findings the model reads, from the end-of-training validation (medclr.findings:
+    # per finding AUC with CI, direction, Platt calibration); None = not validated.
+    findings: dict | None = None
     # Not written: which file gave each field (``checkpoint_meta.json``, or an old side file).
     source: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -108,7 +111,8 @@ def migrate(directory: Path, raw: Mapping[str, Any] | None) -> tuple[dict[str, A
     """Lift a record of any earlier version to :data:`FORMAT_VERSION`: (record, field -> file it came from).
 
     ``raw`` is the content of ``checkpoint_meta.json``, or None where the checkpoint has none (version 0:
-    the side files). A later version adds its step here (``if version == 1: raw = _v1_to_v2(raw)``)."""
+    the side files). Version 1 -> 2 added ``findings`` (None: not validated). A later version adds its step
+    here (``if version == 2: raw = _v2_to_v3(raw)``)."""
     if raw is None:
         return _from_side_files(directory)
     version = raw.get("format_version")
@@ -118,7 +122,10 @@ def migrate(directory: Path, raw: Mapping[str, Any] | None) -> tuple[dict[str, A
     if version > FORMAT_VERSION:
         raise MedclrError(f"{where}: format_version {version} is newer than this medclr reads ({FORMAT_VERSION}); "
                           "upgrade medclr to load this checkpoint")
-    return dict(raw), {k: METADATA_NAME for k, v in raw.items() if v is not None and k != "format_version"}
+    record = dict(raw)
+    if version == 1:
+        record.update(format_version=2, findings=None)
+    return record, {k: METADATA_NAME for k, v in raw.items() if v is not None and k != "format_version"}
 
 
 def _check(record: Mapping[str, Any], source: Mapping[str, str], directory: Path) -> None:

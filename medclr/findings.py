@@ -1,0 +1,150 @@
+"""Which findings a checkpoint reads: per-finding validation AUC, direction and a calibrated probability.
+
+At the end of training, the zero-shot margin of every validation image (``s_pos - s_neg``: the model's
+score of the positive prompts minus the negative prompts, ``medclr.prompts``) is compared with the
+validation labels, finding by finding (:func:`fit_findings`):
+
+* ``auc`` with a percentile-bootstrap 95 % CI (``medclr.metrics.zero_shot_metrics``), ``n`` and ``n_pos``;
+* ``direction``: ``positive`` when the margin ranks positives above negatives (AUC ≥ 0.5), else ``flipped``;
+* ``platt``: Platt scaling, P(finding | margin) = sigmoid(a · margin + b), by maximum likelihood
+  (scikit-learn's unpenalised logistic regression): the calibrated probability the app and the scorer show
+  instead of ``sigmoid(margin / tau)``, whose scale is the loss's temperature, not a frequency;
+* ``threshold``: the operating point, the margin that maximises Youden's J (sensitivity + specificity − 1)
+  on validation: where the model says "there is". The app paints a finding's heatmap only above it
+  (:func:`finding_named`, ``Inference.phrase_evidence``);
+* ``reads``: AUC ≥ ``min_auc`` and the CI's lower end above chance; otherwise ``reason`` says why in one
+  plain sentence, and readers show no probability for that finding (:func:`probability`).
+
+The record is stored in ``checkpoint_meta.json`` (``findings``; medclr.inference.metadata). A checkpoint
+without it (older, or trained without a labelled validation split) is "not validated" (:data:`NOT_VALIDATED`).
+The probabilities are calibrated at the validation set's prevalence (the phantom's balanced validation
+studies: about one positive in five per finding), which the record states as ``prevalence``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+MIN_AUC = 0.7  # below this validation AUC a finding is shown without a probability
+NOT_VALIDATED = ("this model was not validated per finding (its checkpoint records no validation AUC): "
+                 "treat these scores as uncalibrated")
+
+
+def platt_fit(margin: np.ndarray, label: np.ndarray) -> tuple[float, float]:
+    """(a, b) maximising the likelihood of ``label`` under sigmoid(a · margin + b) (no penalty)."""
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.asarray(margin, dtype=np.float64).reshape(-1, 1)
+    y = np.asarray(label, dtype=np.float64).astype(int)
+    fit = LogisticRegression(C=np.inf, tol=1e-10, max_iter=1000).fit(x, y)  # C = inf: no penalty
+    return float(fit.coef_[0, 0]), float(fit.intercept_[0])
+
+
+def sigmoid(z: np.ndarray | float) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(z, dtype=np.float64)))  # overflow-free logistic
+
+
+def fit_findings(margins: np.ndarray, labels: np.ndarray, classes: Sequence[str], *, min_auc: float = MIN_AUC,
+                 n_boot: int = 1000, seed: int = 0, split: str | None = None) -> dict[str, Any]:
+    """The per-finding record of a checkpoint (module docstring) from validation margins (N x C) and
+    labels (N x C: 1 / 0; −1 and NaN are left out per finding)."""
+    from medclr.metrics import zero_shot_metrics
+
+    m = np.asarray(margins, dtype=np.float64)
+    lab = np.asarray(labels, dtype=np.float64)
+    stats = zero_shot_metrics(m, np.zeros_like(m), lab, classes=classes, n_boot=n_boot, seed=seed)["per_class"]
+    per: dict[str, Any] = {}
+    for j, name in enumerate(classes):
+        keep = np.isin(lab[:, j], (0.0, 1.0))
+        y, x = lab[keep, j], m[keep, j]
+        s = stats[name]
+        auc, (lo, hi) = s["AUC"], s["AUC_CI"]
+        entry: dict[str, Any] = {"n": int(keep.sum()), "n_pos": int(y.sum()), "auc": _num(auc),
+                                 "auc_ci": [_num(lo), _num(hi)], "prevalence": _num(y.mean()) if len(y) else None}
+        if not (math.isfinite(auc) and 0 < y.sum() < len(y)):
+            entry.update(direction=None, platt=None, reads=False,
+                         reason=f"this model was not validated on {name.lower()}: the validation split has "
+                                f"{int(y.sum())} positive and {int(len(y) - y.sum())} negative images")
+        else:
+            a, b = platt_fit(x, y)
+            entry.update(direction="positive" if auc >= 0.5 else "flipped", platt={"a": a, "b": b},
+                         threshold=youden_threshold(x, y))
+            entry.update(reads=bool(auc >= min_auc and math.isfinite(lo) and lo > 0.5), reason=None)
+            if not entry["reads"]:
+                entry["reason"] = _reason(name, auc, lo, min_auc)
+        per[name] = entry
+    return {"min_auc": float(min_auc), "split": split, "prompts": "paper", "n_boot": int(n_boot), "classes": per}
+
+
+def youden_threshold(margin: np.ndarray, label: np.ndarray) -> float:
+    """The margin t maximising TPR − FPR of "margin ≥ t" (Youden's J; scikit-learn's ROC thresholds)."""
+    from sklearn.metrics import roc_curve
+
+    fpr, tpr, thresholds = roc_curve(np.asarray(label).astype(int), np.asarray(margin, dtype=np.float64))
+    finite = np.isfinite(thresholds)
+    j = np.where(finite, tpr - fpr, -np.inf)
+    return float(thresholds[int(np.argmax(j))])
+
+
+def finding_named(phrase: str, classes: Sequence[str]) -> str | None:
+    """The one class of ``classes`` (CheX5 names) that ``phrase`` states ("small left pleural effusion" ->
+    "Pleural Effusion"), by medclr's report rules (``medclr.data.hard_negatives``); None when it states none,
+    several, or is negated or hedged."""
+    from medclr.data.hard_negatives import stated_findings
+
+    lower = {c.lower(): c for c in classes}  # the rules' finding names are the CheX5 names in lower case
+    named = {lower[f] for f in stated_findings([phrase]) if f in lower}
+    return next(iter(named)) if len(named) == 1 else None
+
+
+def _reason(name: str, auc: float, lo: float, min_auc: float) -> str:
+    what = f"this model does not reliably read {name.lower()}: validation AUC {auc:.2f}"
+    if auc < 0.5:
+        return what + " (it ranks these images opposite to the finding)"
+    if auc < min_auc:
+        return what + f" (below {min_auc:.2f})"
+    return what + f" (its 95 % CI reaches {lo:.2f}, not above chance)"
+
+
+def _num(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def probability(record: Mapping[str, Any] | None, name: str, margin: np.ndarray | float
+                ) -> tuple[np.ndarray, str | None]:
+    """(calibrated probability, None) for a finding the checkpoint reads; (NaN, reason) for one it does not.
+    Without a record (``record`` None): (NaN, :data:`NOT_VALIDATED`); callers that still want a score
+    show the raw one with that notice."""
+    shape = np.shape(margin)
+    if record is None:
+        return np.full(shape, np.nan), NOT_VALIDATED
+    entry = (record.get("classes") or {}).get(name)
+    if entry is None:
+        return np.full(shape, np.nan), f"this model was not validated on {name.lower()}"
+    if not entry.get("reads"):
+        return np.full(shape, np.nan), entry.get("reason") or f"this model does not reliably read {name.lower()}"
+    p = entry["platt"]
+    return sigmoid(p["a"] * np.asarray(margin, dtype=np.float64) + p["b"]), None
+
+
+def expected_calibration_error(prob: np.ndarray, label: np.ndarray, bins: int = 10) -> float:
+    """ECE: the mean over equal-width probability bins of |mean label − mean probability|, weighted by
+    the bin's share of the images (Guo et al., 2017). NaN probabilities and labels other than 0/1 are left out."""
+    p = np.asarray(prob, dtype=np.float64)
+    y = np.asarray(label, dtype=np.float64)
+    keep = np.isfinite(p) & np.isin(y, (0.0, 1.0))
+    p, y = p[keep], y[keep]
+    if not len(p):
+        return float("nan")
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        inside = which == b
+        if inside.any():
+            total += inside.mean() * abs(y[inside].mean() - p[inside].mean())
+    return float(total)
