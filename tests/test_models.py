@@ -476,3 +476,29 @@ def test_dual_cosine_channels_last_and_gradients(mlm_dir):
                  "head.nl.theta.weight", "text_encoder.proj.weight"):
         grad = dict(model.named_parameters())[name].grad
         assert grad is not None and grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_length_buckets_give_the_same_embeddings_and_gradients(pooling):
+    """TextEncoder.embed(buckets=k): chunks of similar length, each padded to its own longest, are the one-padding
+    embeddings (and gradients) up to float rounding; the attention mask keeps padding out of every real token."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     max_position_embeddings=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    enc = TextEncoder(BertModel(cfg), joint_dim=8, pooling=pooling).double()
+    lengths = torch.tensor([3, 17, 5, 9, 2, 30, 12, 7, 4, 21, 6, 11, 8, 3, 25, 10])
+    ids = torch.randint(1, 50, (16, 30))
+    mask = (torch.arange(30)[None] < lengths[:, None]).long()
+    ids = ids * mask
+    weights = torch.randn(16, 8, dtype=torch.float64)
+    grads = []
+    for buckets in (1, 4):
+        enc.zero_grad()
+        emb = enc.embed(ids, mask, buckets=buckets)
+        (emb * weights).sum().backward()
+        grads.append(enc.proj.weight.grad.clone())
+        if buckets == 1:
+            ref = emb.detach()
+    assert torch.allclose(emb.detach(), ref, atol=1e-10) and torch.allclose(grads[0], grads[1], atol=1e-10)

@@ -229,6 +229,9 @@ def validate(cfg: dict) -> dict:
     nw = cfg["data"]["num_workers"]
     if nw != "auto" and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 0):
         raise MedclrError(f"config data.num_workers {nw!r}: expected auto or a whole number >= 0")
+    tb = cfg["model"]["text_buckets"]
+    if tb != "auto" and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 1):
+        raise MedclrError(f"config model.text_buckets {tb!r}: expected auto or a whole number >= 1")
     if cfg["train"]["precision"] not in PRECISIONS:
         raise MedclrError(f"config train.precision {cfg['train']['precision']!r}: expected one of {', '.join(PRECISIONS)}")
     dev = str(cfg["train"]["device"])

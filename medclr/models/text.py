@@ -231,6 +231,25 @@ class TextEncoder(nn.Module):
         return TextFeatures(embedding=embedding, projected=projected, tokens=self.proj(hidden),
                             attention_mask=attention_mask)
 
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+              buckets: int = 1) -> torch.Tensor:
+        """B x D unit sentence embeddings (:attr:`TextFeatures.embedding`), with ``buckets`` > 1 computed in that
+        many chunks of sentences of similar length, each padded only to its own longest sentence. The
+        attention mask keeps padding out of every real token, so the embeddings are the same up to float
+        rounding; what changes is the work: report sentences padded to the batch's longest carry ~2.5x
+        their real tokens (a training batch with hard negatives: 1,774 real of 4,368 padded positions)."""
+        n = input_ids.shape[0]
+        if buckets <= 1 or n < 2 * buckets:
+            return self(input_ids, attention_mask, token_type_ids).embedding
+        lengths = attention_mask.sum(1)
+        order = torch.argsort(lengths, stable=True)
+        parts = []
+        for chunk in torch.tensor_split(order, buckets):
+            width = int(lengths[chunk].max().clamp_min(1))
+            parts.append(self(input_ids[chunk, :width], attention_mask[chunk, :width],
+                              None if token_type_ids is None else token_type_ids[chunk, :width]).embedding)
+        return torch.cat(parts)[torch.argsort(order)]
+
     def encode_batch(self, batch: Mapping[str, torch.Tensor]) -> TextFeatures:
         """Forward on a pre-tokenised batch (moved to this module's device)."""
         device = next(self.parameters()).device
