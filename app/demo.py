@@ -100,12 +100,16 @@ def standing(metrics: dict) -> str:
     zs = metrics.get("zeroshot") or {}
     if zs.get("per_class"):
         control = (zs.get("control_shuffled_labels") or {}).get("per_class_AUC", {})
-        lines.append(f"  {'CheX5 zero-shot':<18} {'AUC [95% CI]':<22} {'pos/neg':>9}  chance  control  verdict")
+        shown = zs.get("calibration") or {}  # the checkpoint's own validation record: what the app shows
+        lines.append(f"  {'CheX5 zero-shot':<18} {'AUC [95% CI]':<22} {'pos/neg':>9}  chance  control  "
+                     f"{'verdict':<28} app (validation AUC)")
         for name, r in zs["per_class"].items():
             lo, hi = r.get("AUC_CI") or (float("nan"), float("nan"))
             ctl = control.get(name, float("nan"))
+            app = "not validated" if name not in shown else (
+                f"{'shows' if shown[name]['reads'] else 'hides'} ({shown[name]['validation_AUC'] or float('nan'):.2f})")
             lines.append(f"  {name:<18} {r['AUC']:.3f} [{lo:.3f}, {hi:.3f}]  {r['n_pos']:>4}/{r['n'] - r['n_pos']:<4}"
-                         f"  0.500   {ctl:.3f}    {_verdict(lo, hi, 0.5)}")
+                         f"  0.500   {ctl:.3f}    {_verdict(lo, hi, 0.5):<28} {app}")
         m = zs["macro"]
         lines.append(f"  {'macro':<18} {m['AUC']:.3f} [{m['AUC_CI'][0]:.3f}, {m['AUC_CI'][1]:.3f}]")
     g = metrics.get("grounding") or {}

@@ -1,5 +1,9 @@
 """Batch scoring of a radiograph archive: CheX5 zero-shot probabilities (and embeddings) per image.
 
+The probabilities are the engine's calibrated ones (``Inference.calibrated``): a finding the checkpoint
+does not read is NaN, and the column ``<class> reason`` says why (null where the finding is read; the
+"not validated" notice, with the raw softmax, for a checkpoint that records no validation).
+
 Crash safety (append-only parts + a done-set):
 
 * results go to ``OUT.parts/`` as parquet parts, each written to a temporary name and renamed, so a
@@ -133,12 +137,15 @@ def _check_run(parts: Path, run: dict[str, Any]) -> None:
     if path.is_file():
         before = json.loads(path.read_text())
         before.setdefault("decode", "full")  # runs recorded before the reduced decode decoded in full
-        for key in ("weights_sha256", "preprocess", "embeddings", "classes", "tau", "root", "decode"):
+        before.setdefault("findings", None)  # runs recorded before calibration: raw probabilities
+        for key in ("weights_sha256", "preprocess", "embeddings", "classes", "tau", "root", "decode", "findings"):
             if key == "root" and key not in before:
                 continue  # runs recorded before the archive root was checked
             if before.get(key) != run.get(key):
+                shown = ("another validation record, or none" if key == "findings"
+                         else f"{before.get(key)!r} vs {run.get(key)!r}")
                 raise MedclrError(
-                    f"{parts} holds a run with a different {key} ({before.get(key)!r} vs {run.get(key)!r}); "
+                    f"{parts} holds a run with a different {key} ({shown}); "
                     + ("resume it with --full-decode, or " if key == "decode" and before[key] == "full" else "")
                     + "use another --out, or delete that folder to start over")
     else:
@@ -161,7 +168,7 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     run = {"weights_sha256": engine.weights_sha256, "checkpoint": str(engine.checkpoint_dir),
            "preprocess": {"image_size": engine.preprocess.image_size, "resize": engine.preprocess.resize_to},
            "embeddings": bool(opts.embeddings), "classes": classes, "tau": engine.tau, "root": str(root.resolve()),
-           "decode": opts.decode}
+           "decode": opts.decode, "findings": engine.findings_record}
     if rank == 0:
         _check_run(parts, run)
     group = _init_group(world)
@@ -188,10 +195,11 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     start = time.perf_counter()
     if todo:
         stats.update(_score_files(engine, root, todo, prints, this_run, parts, rank, seq, classes, opts))
+    notes = engine.finding_notes(classes)
     stats["seconds"] = time.perf_counter() - start
     _barrier(group)
     if rank == 0:
-        stats["merged"] = merge(out, classes, opts.embeddings)
+        stats["merged"] = merge(out, classes, opts.embeddings, notes)
     _barrier(group)
     return stats
 
@@ -227,7 +235,8 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
         if ok.any():
             images = batch["tensor"] if ok.all() else batch["tensor"][ok]  # indexing would unpin the batch
             feats = engine.image_features(model_input(images, engine.device))
-            _, probs, _, _ = engine.zero_shot_scores(feats)
+            _, raw, s_pos, s_neg = engine.zero_shot_scores(feats)
+            probs, _notes = engine.calibrated(classes, raw, s_pos, s_neg)
             emb = feats.global_emb.float().cpu().numpy() if opts.embeddings else None
         k = 0
         for j, i in enumerate(batch["i"].tolist()):
@@ -277,8 +286,10 @@ def _table(rows: list[dict[str, Any]], classes: list[str], embeddings: bool) -> 
     return pa.table(cols)
 
 
-def merge(out: Path, classes: list[str], embeddings: bool) -> dict[str, int]:
-    """Rebuild OUT (ok rows) and the errors table from the newest row of each path in all parts, atomically."""
+def merge(out: Path, classes: list[str], embeddings: bool, notes: dict[str, str | None] | None = None
+          ) -> dict[str, int]:
+    """Rebuild OUT (ok rows) and the errors table from the newest row of each path in all parts, atomically;
+    OUT gets a ``<class> reason`` column per class from ``notes`` (``Inference.calibrated``)."""
     parts = sorted(parts_dir(out).glob("part-*.parquet"))
     if parts:
         table = pa.concat_tables([pq.read_table(p) for p in parts], promote_options="default")
@@ -297,6 +308,9 @@ def merge(out: Path, classes: list[str], embeddings: bool) -> dict[str, int]:
     table = table.take(pa.array([newest[p][1] for p in sorted(newest)], pa.int64())).drop_columns(["run"])
     ok = table.column("ok")
     good = table.filter(ok).drop_columns(["ok", "error"])
+    for name in classes:
+        note = (notes or {}).get(name)
+        good = good.append_column(f"{name} reason", pa.array([note] * good.num_rows, pa.string()))
     bad = table.filter(pc.invert(ok))
     bad = bad.select([c for c in ("path", "error", "size", "mtime_ns") if c in bad.column_names])
     meta = {b"medclr": json.dumps(json.loads((parts_dir(out) / RUN_NAME).read_text())).encode()}

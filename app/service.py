@@ -15,8 +15,11 @@ when the page asks for the heatmap or similar studies of the same upload.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import html
 import logging
+import math
 import re
 import threading
 import time
@@ -79,6 +82,19 @@ ACCEPTED = "a DICOM (.dcm), PNG or JPEG chest radiograph"
 MAX_TEXT_CHARS = 1_000
 MAX_RESULTS = 24  # k of the retrieval endpoints: 1..MAX_RESULTS (the page's slider has the same range)
 SCALES = ("absolute", "relative")
+
+# Retrieval captions (docs/app.md, "Similar studies"): a hit's score is shown relative to the query's
+# SCORE_POOL best-scoring indexed images, not as a raw cosine (every chest film is ~0.99 like every other).
+SCORE_POOL = 100
+# image -> image: extra candidates searched so that dropping the query's own study still leaves k hits
+OWN_STUDY_MARGIN = 16
+# a hit is the uploaded image itself when its embedding is this close (1 - cosine) ...
+SAME_EMBEDDING = 1e-6
+# ... or when its file has the upload's content key. Only hits this close are hashed (hashing is for cost;
+# the key decides): a byte-identical image differs only by float noise (another device, batch size), and
+# 1 - cosine ~ (relative error)^2 / 2 stays under 1e-3 up to a 4 % relative error of the embedding.
+SAME_IMAGE_HASHED = 1e-3
+CAPTION_SENTENCES = 2  # finding sentences a caption shows
 
 
 def check_text(text: object, noun: str, empty: str) -> str:
@@ -183,11 +199,7 @@ class AppService:
         if size > self.max_upload_bytes:
             raise MedclrError(f"the uploaded file is {size / 2**20:.0f} MB, over the {self.max_upload_bytes / 2**20:.0f} MB "
                               "limit")
-        h = hashlib.sha1()
-        with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-        key = h.hexdigest()
+        key = sha1_of_file(p)
         with self._lock:
             hit = self._uploads.fetch(key)
         if hit is not None:
@@ -231,22 +243,36 @@ class AppService:
         return render.to_uint8(up.display), " · ".join(facts)
 
     # -- findings -------------------------------------------------------------------------------------
-    def zero_shot(self, path: str | None) -> tuple[dict[str, float], list[list[Any]]]:
-        """({class: probability}, rows [class, probability, positive prompt, negative prompt])."""
+    def zero_shot(self, path: str | None) -> tuple[dict[str, float], list[list[Any]], str]:
+        """({class: probability} of the findings the model reads, rows [class, probability, validation AUC,
+        note, positive prompt, negative prompt], a Markdown notice of what is not shown and why).
+
+        A finding the checkpoint does not read (``medclr.findings``) gets no probability: it is left out of
+        the labels and named, greyed out, with its one-sentence reason. A checkpoint that records no
+        validation is shown with its raw scores under a visible "not validated" notice."""
         up = self.upload(path)
         details = self.engine.zero_shot_details(up.encoded)
-        probs = {d["class"]: round(d["probability"], 4) for d in details}
-        rows = [[d["class"], round(d["probability"], 4), " | ".join(d["positive_prompts"]),
-                 " | ".join(d["negative_prompts"])] for d in details]
-        return probs, rows
+        shown = [d for d in details if math.isfinite(d["probability"])]
+        probs = {d["class"]: round(d["probability"], 4) for d in shown}
+        rows = [[d["class"], round(d["probability"], 4) if math.isfinite(d["probability"]) else None,
+                 None if d["validation_auc"] is None else round(d["validation_auc"], 3), d["note"] or "",
+                 " | ".join(d["positive_prompts"]), " | ".join(d["negative_prompts"])] for d in details]
+        return probs, rows, findings_notice(details)
 
-    def ground(self, path: str | None, phrase: str | None, scale: str = "absolute") -> tuple[np.ndarray, str]:
-        """(overlay H x W x 3 uint8 at display size, a one-line legend)."""
+    def ground(self, path: str | None, phrase: str | None, scale: str = "relative") -> tuple[np.ndarray, str]:
+        """(overlay H x W x 3 uint8 at display size, a one-line legend). The map is painted only when the model
+        says the phrase holds for this image (``Inference.phrase_evidence``: a CheX5 finding above the operating
+        point of the checkpoint's validation, any other phrase above its negation); otherwise the film is shown
+        without colours and the legend says why in one sentence (:func:`absence_sentence`)."""
         phrase = check_text(phrase, "phrase", "please type a phrase to ground, e.g. 'small left pleural effusion'")
-        scale = "absolute" if scale is None else scale
+        scale = "relative" if scale is None else scale
         if scale not in SCALES:
             raise MedclrError("the colour scale must be 'absolute' or 'relative'")
         up = self.upload(path)
+        evidence = self.engine.phrase_evidence(up.encoded, phrase)
+        absent = absence_sentence(evidence)
+        if absent is not None:
+            return render.to_uint8(up.display), absent
         grid = self.engine.ground_grid(up.encoded, phrase, sigma=self.smoothing)
         if not has_localised_signal(grid):
             return render.to_uint8(up.display), (
@@ -255,7 +281,7 @@ class AppService:
         geo = up.encoded.geometry.resized(*up.display.shape)
         heat = geo.to_original(grid, "bilinear")
         img, info = render.overlay(up.display, heat, scale=scale)
-        legend = (f"cosine similarity in [{info['min']:.3f}, {info['max']:.3f}]; colours span "
+        legend = (presence_sentence(evidence) + f"cosine similarity in [{info['min']:.3f}, {info['max']:.3f}]; colours span "
                   f"[{info['lo']:.3f}, {info['hi']:.3f}] (blue low, red high); contours at "
                   + ", ".join(f"{v:.3f}" for v in info["levels"]) + "; outside the model's centre crop: no colour")
         return img, legend
@@ -278,32 +304,63 @@ class AppService:
                 self._thumbs.put(image_path, hit)
         return hit
 
-    def _gallery(self, hits: list[dict[str, Any]]) -> list[tuple[np.ndarray, str]]:
-        out = []
-        for h in hits:
-            report = " ".join(str(h.get("report", "")).split())
-            caption = f"{h['score']:.3f} · #{int(h['manifest_index'])} · {report[:300]}"
-            out.append((self._thumb(str(h["image_path"])), caption))
-        return out
+    def _gallery(self, pool: list[dict[str, Any]], k: int) -> list[tuple[np.ndarray, str]]:
+        """(thumbnail, caption) of the first k hits of ``pool`` (the query's best-scoring indexed images, best
+        first); captions read "#rank · z SD · report N · finding sentences" (:func:`relative_scores`,
+        :func:`findings_caption`; N is the manifest index the sentence inspector opens)."""
+        z = relative_scores([h["score"] for h in pool])
+        return [(self._thumb(str(h["image_path"])),
+                 f"#{rank} · {z[rank - 1]:+.2f} SD · report {int(h['manifest_index'])} · "
+                 f"{findings_caption(str(h.get('report', '')))}")
+                for rank, h in enumerate(pool[:k], 1)]
+
+    @staticmethod
+    def _is_query_image(up: Upload, hit: dict[str, Any]) -> bool:
+        """Whether an image hit is the uploaded image itself: the same embedding (1 - cosine <=
+        SAME_EMBEDDING: the same pixels, whatever the file format), or, among the hits within
+        SAME_IMAGE_HASHED, the same file content (the upload's key, :func:`file_key`)."""
+        gap = 1.0 - float(hit["score"])
+        if gap <= SAME_EMBEDDING:
+            return True
+        return gap <= SAME_IMAGE_HASHED and file_key(str(hit["image_path"])) == up.key
 
     def retrieve_by_image(self, path: str | None, k: int = 8) -> list[tuple[np.ndarray, str]]:
+        """The k indexed studies most like the upload, never the upload's own study (:func:`drop_query_study`)."""
         index = self._need_index()
         k = _k(k)
         up = self.upload(path)
         query = up.encoded.features.global_emb.float().cpu().numpy()
-        return self._gallery(index.search_images(query, k)[0])
+        want, total = max(k, SCORE_POOL), index.images.ntotal
+        n = min(total, want + OWN_STUDY_MARGIN)
+        while True:
+            hits = drop_query_study(index.search_images(query, n)[0], lambda h: self._is_query_image(up, h))
+            if len(hits) >= want or n >= total:
+                break
+            n = min(total, 2 * n)  # a study with more images than the margin: search wider
+        return self._gallery(hits[:want], k)
 
     def retrieve_by_text(self, text: str | None, k: int = 8) -> list[tuple[np.ndarray, str]]:
         index = self._need_index()
         text = check_text(text, "description", "please type a description to search for, e.g. 'right pneumothorax'")
         k = _k(k)
-        # ranked (and scored) by the checkpoint's head: LSE+NL re-ranks faiss's global-cosine candidates
-        return self._gallery(index.search_images_by_text(self.engine.embed_texts([text]), k)[0])
+        # ranked (and scored) by the checkpoint's head: LSE+NL re-ranks faiss's global-cosine candidates (as
+        # many as for k alone); the best SCORE_POOL of them put the captions' scores on a relative scale
+        from medclr.index.store import rerank_pool
+
+        pool = rerank_pool(k, index.images.ntotal)
+        return self._gallery(index.search_images_by_text(self.engine.embed_texts([text]), max(k, SCORE_POOL),
+                                                         pool=pool)[0], k)
 
     def report_sentences(self, manifest_index: int) -> list[str]:
+        """The indexed sentences of one report (manifest index), in the order the report states them."""
         index = self._need_index()
+        m = int(manifest_index)
         t = index.sentence_table
-        return [s for s, m in zip(t["sentence"], t["manifest_index"]) if int(manifest_index) in set(m)]
+        found = [s for s, ms in zip(t["sentence"], t["manifest_index"]) if m in set(int(x) for x in ms)]
+        reports = index.image_table.loc[index.image_table["manifest_index"] == m, "report"]
+        text = " ".join(str(reports.iloc[0]).split()) if len(reports) else ""
+        at = {s: text.find(s) for s in found}
+        return sorted(found, key=lambda s: (at[s] < 0, at[s]))  # one not found verbatim goes last
 
     # -- inspector ------------------------------------------------------------------------------------
     def inspect(self, sentence: str | None) -> dict[str, Any]:
@@ -340,6 +397,61 @@ class AppService:
             out["zeta_note"] = "this checkpoint has no NUCLR popularity table (loss_state.safetensors without zeta)"
         return out
 
+    def study_table(self, manifest_index: int) -> tuple[list[str], list[list[Any]]]:
+        """(columns, rows) of one report's own sentences in report order (:meth:`report_sentences`):
+        sentence, eta_LM, and zeta_txt only when the checkpoint has NUCLR's table (the sentence's own zeta_txt
+        for a sentence-keyed run, else the report's). Numbers to 3 significant digits; None = not recorded."""
+        stats = self.engine.stats
+        sentences = self.report_sentences(manifest_index)
+        columns = ["sentence", "eta_LM"] + (["zeta_txt"] if stats.has_zeta else [])
+        report_zeta = (stats.zeta(int(manifest_index)) or {}).get("txt") if stats.has_zeta else None
+        rows = []
+        for s in sentences:
+            row = [s, significant(stats.eta(s) if stats.has_eta else None)]
+            if stats.has_zeta:
+                own = stats.sentence_zeta(s)
+                row.append(significant(report_zeta if own is None else own))
+            rows.append(row)
+        return columns, rows
+
+
+def absence_sentence(evidence: dict[str, Any]) -> str | None:
+    """Why no heatmap is drawn for a phrase (``Inference.phrase_evidence``), in one sentence; None to draw it."""
+    if evidence["how"] == "finding" and evidence["present"] is None:
+        return f"No heatmap: {evidence['reason']}."
+    if evidence["how"] == "finding" and not evidence["present"]:
+        return (f"The model does not find {evidence['finding'].lower()} on this image (probability "
+                f"{evidence['probability']:.0%}, below its operating point of {evidence['operating_probability']:.0%} "
+                "on validation), so no heatmap is drawn.")
+    if evidence["how"] == "negation" and not evidence["present"]:
+        return (f"The model does not see this on the image: it scores “{evidence['negation']}” above the phrase "
+                f"({evidence['score_negation']:.3f} against {evidence['score']:.3f}), so no heatmap is drawn.")
+    return None
+
+
+def presence_sentence(evidence: dict[str, Any]) -> str:
+    """The legend's first clause: why this map is drawn."""
+    if evidence["how"] == "finding":
+        return (f"the model finds {evidence['finding'].lower()} on this image (probability "
+                f"{evidence['probability']:.0%}, operating point {evidence['operating_probability']:.0%}); ")
+    if evidence["how"] == "negation":
+        return (f"the model scores the phrase above “{evidence['negation']}” ({evidence['score']:.3f} against "
+                f"{evidence['score_negation']:.3f}; not validated for this phrase); ")
+    return "presence unchecked (medclr's rules cannot negate this phrase); "
+
+
+def findings_notice(details: list[dict[str, Any]]) -> str:
+    """Markdown under the labels: the findings the model does not read, greyed out, each with its reason;
+    or the "not validated" notice once when the checkpoint records no validation."""
+    from medclr.findings import NOT_VALIDATED
+
+    if any(d["note"] == NOT_VALIDATED for d in details):
+        return f"⚠ **Not validated.** {NOT_VALIDATED[0].upper()}{NOT_VALIDATED[1:]}."
+    hidden = [d for d in details if not math.isfinite(d["probability"])]
+    lines = [f'<span class="unread">{html.escape(d["class"])}: {html.escape(d["note"] or "")}.</span>'
+             for d in hidden]
+    return "<br>".join(lines)
+
 
 def _k(k) -> int:
     """The number of results: a whole number 1..MAX_RESULTS, else one clear line."""
@@ -353,3 +465,81 @@ def _k(k) -> int:
     if not (value.is_integer() and 1 <= value <= MAX_RESULTS):
         raise MedclrError(msg)
     return int(value)
+
+
+def drop_query_study(hits: list[dict[str, Any]], is_query_image) -> list[dict[str, Any]]:
+    """The hits of an image -> image search without the query's own study, in their order.
+
+    Why: an uploaded image that is itself in the index comes back as its own first hit (cosine 1), and the
+    other images of its study (the lateral of a PA) follow it; neither is a *similar* study, and a clinician
+    comparing a case with the archive would read them as independent agreement. A hit is the query's image
+    when ``is_query_image(hit)`` (``AppService._is_query_image``: same embedding or same file content); every
+    hit of the study of such an image (same ``study_id``) goes too."""
+    own = [bool(is_query_image(h)) for h in hits]
+    studies = {_study_id(h) for h, q in zip(hits, own) if q} - {None}
+    return [h for h, q in zip(hits, own) if not q and (_study_id(h) is None or _study_id(h) not in studies)]
+
+
+def _study_id(hit: dict[str, Any]) -> str | None:
+    """A hit's study_id, None when the manifest had none (the index stores it as text: "", "nan", "None")."""
+    value = str(hit.get("study_id", "")).strip()
+    return None if value in ("", "nan", "None", "<NA>") else value
+
+
+def relative_scores(scores) -> np.ndarray:
+    """Each score as a standard score over the pool it came from: (score - mean) / SD, the pool being the
+    query's best-scoring indexed images (SCORE_POOL, the whole index when smaller; the query's own study
+    left out). Raw cosines do not discriminate (every chest film is ~0.99 like every other; 1.000, 0.999);
+    this says how far a hit stands out from its neighbours, on the same scale for every query. A pool of
+    fewer than 2, or with no spread beyond float32 noise, gives 0."""
+    s = np.asarray(scores, dtype=np.float64)
+    sd = float(s.std()) if len(s) > 1 else 0.0
+    if not sd > 1e-6:
+        return np.zeros(len(s))
+    return (s - s.mean()) / sd
+
+
+@functools.lru_cache(maxsize=4096)
+def findings_caption(report: str, limit: int = CAPTION_SENTENCES, max_chars: int = 300) -> str:
+    """What a retrieval caption shows of a hit's report: its first ``limit`` sentences that state a finding
+    (``medclr.data.hard_negatives.states_finding``, the rule behind ``data.sentence_sampling: findings``),
+    else its first sentence; both from the report's findings and impression (``medclr.data.text``, as the
+    manifest's sentences are made), never its header ("FINAL REPORT", "EXAMINATION: ...")."""
+    from medclr.data.hard_negatives import states_finding
+    from medclr.data.text import extract_sections, report_text, split_sentences
+
+    sentences = split_sentences(report_text(extract_sections(report)))
+    stated = [s for s in sentences if states_finding(s)]
+    text = " ".join(stated[:limit] if stated else sentences[:1])
+    return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"
+
+
+def file_key(path: str) -> str | None:
+    """The content key of an indexed image file, as an upload's (``Upload.key``: SHA-1 of the file's bytes);
+    None for a file that cannot be read. Cached by path, size and modification time."""
+    try:
+        st = Path(path).stat()
+        return _file_sha1(str(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_sha1(path: str, size: int, mtime_ns: int) -> str:
+    return sha1_of_file(path)
+
+
+def sha1_of_file(path: str | Path) -> str:
+    """SHA-1 of a file's bytes: an upload's cache key, and how an indexed film is recognised as the upload."""
+    h = hashlib.sha1()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def significant(value: float | None, digits: int = 3) -> float | None:
+    """``value`` rounded to ``digits`` significant digits (for display); None stays None."""
+    if value is None or not math.isfinite(float(value)):
+        return None
+    return float(f"{float(value):.{digits}g}")

@@ -3,11 +3,15 @@
 Endpoints (``gradio_client``: ``client.predict(..., api_name="/zero_shot")``):
 
 * ``preview``  (file) -> (image as read, safe facts)
-* ``zero_shot`` (file) -> ({class: probability}, table of class / probability / prompts used)
-* ``ground`` (file, phrase, scale="absolute") -> (heatmap overlay image, legend)
-* ``retrieve_by_image`` (file, k=8) -> gallery of similar studies, captions = score · #index · report
+* ``zero_shot`` (file) -> ({class: calibrated probability} of the findings the model reads, table of class /
+  probability / validation AUC / note / prompts used, a notice naming the findings it does not read and why)
+* ``ground`` (file, phrase, scale="relative") -> (heatmap overlay image, legend); no colours when the model
+  does not find the phrase on the image (it scores the phrase's negation higher)
+* ``retrieve_by_image`` (file, k=8) -> gallery of similar studies (never the upload's own study), captions =
+  "#rank · z SD · report N · finding sentences" (z: the score's standard score among the query's 100 best)
 * ``retrieve_by_text`` (text, k=8) -> gallery of images
-* ``inspect_sentence`` (sentence) -> {eta_LM, zeta per report, nearest sentences}
+* ``inspect_sentence`` (sentence) -> {eta_LM, zeta per report, nearest sentences}; the page shows a picked
+  study's own sentences as a table (eta_LM, zeta_txt for NUCLR) and this JSON folded under a summary line
 
 Privacy: Gradio writes into the app's private temporary folder (``medclr.app.tempdir``); each upload is deleted
 once read, results are written under fresh names there, uploads are never served back, the folder goes
@@ -28,6 +32,7 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import time
 import traceback
 
@@ -64,6 +69,7 @@ from a vision-language model, **not a diagnosis**. Patient identifiers in DICOM 
 out or shown."""
 CSS = """
 #findings .output-class { font-size: 1.1rem; }
+#findings_note .unread { color: #8a8a8a; }
 footer { display: none !important; }
 """
 
@@ -117,7 +123,7 @@ def build_blocks(service: AppService) -> gr.Blocks:
         return service.zero_shot(file)
 
     @_safe("ground")
-    def ground(file, phrase, scale="absolute"):
+    def ground(file, phrase, scale="relative"):
         image, legend = service.ground(file, phrase, scale)
         return _png(image, "heatmap"), legend
 
@@ -142,7 +148,17 @@ def build_blocks(service: AppService) -> gr.Blocks:
 
     @_safe("report")
     def pick_study(gallery, evt: gr.SelectData):
-        return gr.update(**_study_sentences(service, gallery, evt.index, evt.value))
+        """The picked study's own sentences: (heading, table, dropdown) updates; no change for a caption that
+        names no report."""
+        study = _study_sentences(service, gallery, evt.index, evt.value)
+        if not study:
+            return gr.update(), gr.update(), gr.update()
+        sentences = [row[0] for row in study["rows"]]
+        heading = (f"**Report {study['report']}**: its {len(sentences)} sentence(s) in report order; "
+                   "eta_LM to 3 significant digits" + (", zeta_txt the learned NUCLR popularity"
+                                                       if "zeta_txt" in study["columns"] else ""))
+        return (heading, gr.update(value={"headers": study["columns"], "data": study["rows"]}),
+                gr.update(choices=sentences, value=sentences[0] if sentences else None))
 
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
         gr.Markdown(INTRO)
@@ -160,17 +176,19 @@ def build_blocks(service: AppService) -> gr.Blocks:
             with gr.Column(scale=3):
                 label = gr.Label(num_top_classes=5, label="CheX5 zero-shot probability", elem_id="findings",
                                  show_heading=False)
+                findings_note = gr.Markdown(elem_id="findings_note")
                 phrase = gr.Textbox(label="Phrase to ground", value="pleural effusion", elem_id="phrase",
                                     max_length=MAX_TEXT_CHARS)
                 with gr.Row():
-                    scale = gr.Radio(["absolute", "relative"], value="absolute", label="Colour scale", scale=2)
+                    scale = gr.Radio(["relative", "absolute"], value="relative", label="Colour scale", scale=2)
                     ground_btn = gr.Button("Show heatmap", elem_id="ground_btn", scale=1)
             with gr.Column(scale=4):
                 heat = gr.Image(label="Heatmap for the phrase", type="numpy", interactive=False, elem_id="heatmap",
                                 height=420, format="png", buttons=["fullscreen"])
                 legend = gr.Markdown(elem_id="legend")
-        with gr.Accordion("Prompt pairs used for the findings", open=False):
-            table = gr.Dataframe(headers=["class", "probability", "positive prompt", "negative prompt"],
+        with gr.Accordion("Findings: probabilities, validation and the prompt pairs used", open=False):
+            table = gr.Dataframe(headers=["class", "probability", "validation AUC", "note", "positive prompt",
+                                          "negative prompt"],
                                  interactive=False, elem_id="prompts", show_label=False)
         with gr.Tab("Similar studies", interactive=has_index):
             with gr.Row():
@@ -186,14 +204,22 @@ def build_blocks(service: AppService) -> gr.Blocks:
             by_text = gr.Gallery(label="Images for the text", columns=6, height=360, elem_id="by_text",
                                  format="png")
         with gr.Tab("Sentence inspector"):
-            gr.Markdown("For a report sentence: its LM class probability **eta_LM** and the learned NUCLR "
-                        "popularity **zeta** of the reports that contain it (when the checkpoint has them).")
+            gr.Markdown("Click a study in a gallery: its report's own sentences with their LM class probability "
+                        "**eta_LM** and, for a NUCLR checkpoint, the learned popularity **zeta_txt**. Or type a "
+                        "sentence and press Inspect.")
+            study_title = gr.Markdown(elem_id="study_title")
+            study_table = gr.Dataframe(
+                headers=["sentence", "eta_LM"] + (["zeta_txt"] if service.engine.stats.has_zeta else []),
+                datatype=["str", "number"] + (["number"] if service.engine.stats.has_zeta else []),
+                interactive=False, wrap=True, elem_id="study_sentences", show_label=False)
             with gr.Row():
                 pick = gr.Dropdown(label="Sentences of the study picked in the gallery", choices=[],
                                    allow_custom_value=True, scale=2)
                 sentence = gr.Textbox(label="Sentence", elem_id="sentence", scale=3, max_length=MAX_TEXT_CHARS)
                 inspect_btn = gr.Button("Inspect", scale=1)
-            inspected = gr.JSON(label="Sentence statistics")
+            summary = gr.Markdown(elem_id="inspected_summary")
+            with gr.Accordion("Sentence statistics (JSON)", open=False):
+                inspected = gr.JSON(label="Sentence statistics", elem_id="inspected")
 
         # k and the colour scale reach the service as sent, which refuses a bad value with one line
         # (Gradio's own range / choice check raises inside its preprocessing and logs a traceback)
@@ -201,13 +227,11 @@ def build_blocks(service: AppService) -> gr.Blocks:
             component.preprocess = _as_sent
         model_events = {"concurrency_id": "model", "concurrency_limit": 1}
         # a new upload first blanks everything shown for the previous one (another patient's, perhaps)
-        upload.upload(lambda: (None, "", None, None, None, ""), None, [shown, facts, label, table, heat, legend],
+        upload.upload(lambda: (None, "", None, None, "", None, ""), None,
+                      [shown, facts, label, table, findings_note, heat, legend],
                       api_name="_reset", api_visibility="private", queue=False)
         upload.upload(preview, upload, [shown, facts], api_name="preview", **model_events)
-        clear.click(lambda: (None, None, "", None, None, None, ""), None,
-                    [upload, shown, facts, label, table, heat, legend], api_name="_clear", api_visibility="private",
-                    queue=False)
-        analyse.click(zero_shot, upload, [label, table], api_name="zero_shot", **model_events).then(
+        analyse.click(zero_shot, upload, [label, table, findings_note], api_name="zero_shot", **model_events).then(
             ground, [upload, phrase, scale], [heat, legend], api_name="_analyse_ground", api_visibility="private",
             **model_events)
         ground_btn.click(ground, [upload, phrase, scale], [heat, legend], api_name="ground", **model_events)
@@ -217,30 +241,86 @@ def build_blocks(service: AppService) -> gr.Blocks:
         text_btn.click(retrieve_by_text, [query, k], by_text, api_name="retrieve_by_text", **model_events)
         query.submit(retrieve_by_text, [query, k], by_text, api_name="_query_submit", api_visibility="private",
                      **model_events)
-        similar.select(pick_study, similar, pick, api_name="_pick_study", api_visibility="private")
+        similar.select(pick_study, similar, [study_title, study_table, pick], api_name="_pick_study",
+                       api_visibility="private")
+        by_text.select(pick_study, by_text, [study_title, study_table, pick], api_name="_pick_text_study",
+                       api_visibility="private")
         pick.change(pick_sentence, pick, sentence, api_name="_pick_sentence", api_visibility="private",
                     queue=False)
-        inspect_btn.click(inspect_sentence, sentence, inspected, api_name="inspect_sentence", **model_events)
+        inspect_btn.click(inspect_sentence, sentence, inspected, api_name="inspect_sentence", **model_events).then(
+            _inspected_summary, inspected, summary, api_name="_inspect_summary", api_visibility="private",
+            queue=False)
         sentence.submit(inspect_sentence, sentence, inspected, api_name="_sentence_submit", api_visibility="private",
-                        **model_events)
+                        **model_events).then(_inspected_summary, inspected, summary, api_name="_submit_summary",
+                                             api_visibility="private", queue=False)
+        # Clear blanks every panel: the upload and every component any event above writes to (derived from
+        # the events, so a panel added later is cleared too); registered last for that reason
+        panels = _panels(demo, upload)
+        clear.click(lambda: tuple(_blank(c) for c in panels), None, panels, api_name="_clear",
+                    api_visibility="private", queue=False)
     return demo
 
 
+def _panels(demo: gr.Blocks, *first) -> list:
+    """``first``, then every component that an event registered so far in ``demo`` writes to, once each."""
+    out = list(first)
+    for fn in demo.fns.values():
+        out += [c for c in fn.outputs if all(c is not o for o in out)]
+    return out
+
+
+def _blank(component):
+    """An update that empties a component (a dropdown loses its choices too)."""
+    if isinstance(component, gr.Dropdown):
+        return gr.update(choices=[], value=None)
+    return gr.update(value=None)
+
+
+def _inspected_summary(payload) -> str:
+    """One readable line for an inspected sentence (its full statistics stay in the JSON below it)."""
+    if not isinstance(payload, dict) or not payload.get("sentence"):
+        return ""
+    eta = payload.get("eta_LM")
+    parts = [f"eta_LM {eta:.3g}" if isinstance(eta, (int, float)) else str(payload.get("eta_note") or "no eta_LM")]
+    if "reports_with_sentence" in payload:
+        parts.append(f"in {payload['reports_with_sentence']} indexed report(s)")
+    zeta = payload.get("zeta_txt_sentence")
+    if isinstance(zeta, (int, float)):
+        parts.append(f"zeta_txt {zeta:.3g}")
+    else:
+        z = [r["zeta_txt"] for r in payload.get("zeta") or [] if isinstance(r.get("zeta_txt"), (int, float))]
+        if z:
+            parts.append(f"zeta_txt of those reports {min(z):.3g} to {max(z):.3g}" if len(z) > 1
+                         else f"zeta_txt of that report {z[0]:.3g}")
+    return f"{_md_text(payload['sentence'])}: " + " · ".join(parts)
+
+
+def _md_text(text: str) -> str:
+    """Typed text shown as plain text inside Markdown (markup characters escaped)."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", " ".join(str(text).split()))
+
+
+_CAPTION_REPORT = re.compile(r"·\s*report\s+(\d+)\b")
+
+
 def _study_sentences(service: AppService, gallery, index, value) -> dict:
-    """Dropdown update with the report sentences of the picked gallery item; captions read
-    "score · #manifest_index · report"."""
+    """The picked gallery item's report and its own sentences, {"report": manifest index, "columns", "rows"}
+    (``AppService.study_table``); {} when the caption names no report. Captions read
+    "#rank · z SD · report N · finding sentences" (``AppService._gallery``)."""
     caption = ""
     if isinstance(value, dict):
         caption = str(value.get("caption") or "")
     if not caption and gallery and isinstance(index, int) and 0 <= index < len(gallery):
         item = gallery[index]
-        caption = str(item[1] if isinstance(item, (list, tuple)) and len(item) > 1 else "")
-    try:
-        midx = int(caption.split("·")[1].strip().lstrip("#"))
-    except (IndexError, ValueError):
+        if isinstance(item, dict):
+            caption = str(item.get("caption") or "")
+        elif isinstance(item, (list, tuple)) and len(item) > 1:
+            caption = str(item[1])
+    found = _CAPTION_REPORT.search(caption)
+    if found is None:
         return {}
-    sentences = service.report_sentences(midx)
-    return {"choices": sentences, "value": sentences[0] if sentences else None}
+    columns, rows = service.study_table(int(found.group(1)))
+    return {"report": int(found.group(1)), "columns": columns, "rows": rows}
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = 7860, auth=None,

@@ -42,6 +42,26 @@ def zeroshot_metrics(enc, data, test_rows: np.ndarray, prompts, n_boot: int, see
     return res
 
 
+def calibration_metrics(engine, z: dict) -> dict | None:
+    """Per class, the expected calibration error on the test images of the probability a reader is shown:
+    before (softmax over the prompt pair at the loss's temperature) and after the checkpoint's validation
+    calibration (``medclr.findings``), and whether the checkpoint reads the finding. None without a record."""
+    from medclr.findings import expected_calibration_error, probability, sigmoid
+
+    record = engine.findings_record
+    if record is None:
+        return None
+    margin, y = z["_scores"]
+    out = {}
+    for j, c in enumerate(z["classes"]):
+        calibrated, note = probability(record, c, margin[:, j])
+        out[c] = {"ECE_softmax": expected_calibration_error(sigmoid(margin[:, j] / engine.tau), y[:, j]),
+                  "ECE_calibrated": expected_calibration_error(calibrated, y[:, j]) if note is None else None,
+                  "reads": note is None, "validation_AUC": (record["classes"].get(c) or {}).get("auc"),
+                  "note": note}
+    return out
+
+
 class ZeroShot(Task):
     name, order = "zeroshot", 10
     uses = frozenset({"test", "prompts"})
@@ -59,6 +79,7 @@ class ZeroShot(Task):
 
         res = zeroshot_metrics(inp.enc, inp.data, inp.test_rows, inp.prompts, inp.n_boot, inp.seed)
         res.update(zeroshot_diagnostics(inp.model, inp.enc, inp.data, inp.test_rows, inp.prompts))  # prompt check
+        res["calibration"] = calibration_metrics(inp.model.engine, res)
         return res, None
 
     def summary(self, z):
@@ -88,6 +109,14 @@ class ZeroShot(Task):
                  "left out per class.", "",
                  *table(["class", "AUC [95 % CI]", "ACC [95 % CI]", "n", "n pos", "AUC, shuffled labels"], rows), "",
                  *markdown_lines(z)]  # evaluation.diagnostics: prompt cosine and sign check
+        if z.get("calibration"):
+            rows = [[c, fmt(v["validation_AUC"]), "reads it" if v["reads"] else "not shown", fmt(v["ECE_softmax"]),
+                     fmt(v["ECE_calibrated"])] for c, v in z["calibration"].items()]
+            lines += ["### Calibration (what the app and the scorer show)", "",
+                      "Expected calibration error on these images (10 bins): the softmax over the prompt pair at the "
+                      "loss's temperature, and the checkpoint's per-finding Platt calibration from its validation "
+                      "split (`medclr.findings`; a finding below the validation bar is shown without a probability).",
+                      "", *table(["class", "validation AUC", "app", "ECE softmax", "ECE calibrated"], rows), ""]
         if tuple(cls) == TABLE3_CLASSES:
             ours = [pc[c]["AUC"] for c in cls] + [z["macro"]["AUC"]]
             lines += ["Paper's Table 3 (MIMIC-CXR) beside this run:", "",

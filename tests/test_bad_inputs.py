@@ -94,8 +94,8 @@ def test_app(server, corpus, caplog, capfd, record_property):
                 if (case.kind == "caution") != flagged or any(m in facts for m in ("<", ">", "](", "http")):
                     problems.append(f"{case.name}: facts line {facts!r}")
                 counts["with_caution"] += flagged
-            label, table = client.predict(f, api_name="/zero_shot")
-            replies.append(json.dumps([label, table]))
+            label, table, note = client.predict(f, api_name="/zero_shot")
+            replies.append(json.dumps([label, table, note]))
             counts["scored"] += len(label["confidences"]) == 5
             if case.kind == "refused":
                 problems.append(f"{case.name}: scored by the app: {label}")

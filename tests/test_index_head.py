@@ -171,14 +171,19 @@ def test_cli_text_search_prints_head_scores(lse, capsys):
 
 
 def test_app_text_retrieval_shows_head_scores(lse):
-    from medclr.app.service import AppService
+    from medclr.app.service import SCORE_POOL, AppService, relative_scores
+    from medclr.index.store import rerank_pool
 
     engine, out = lse
     idx = load_index(out, engine)
     gallery = AppService(engine, idx).retrieve_by_text(QUERIES[6], k=5)
     want = idx.search_images_by_text(engine.embed_texts([QUERIES[6]]), 5)[0]
-    assert [c for _, c in gallery] and [c.split(" · ")[0] for _, c in gallery] == [f"{h['score']:.3f}" for h in want]
-    assert [int(c.split(" · ")[1][1:]) for _, c in gallery] == [int(h["manifest_index"]) for h in want]
+    # captions "#rank · z SD · report N · ...": ranked by the head, z over the head scores of the query's best
+    pool = idx.search_images_by_text(engine.embed_texts([QUERIES[6]]), SCORE_POOL,
+                                     pool=rerank_pool(5, idx.images.ntotal))[0]
+    fields = [c.split(" · ", 3) for _, c in gallery]
+    assert fields and [f[1] for f in fields] == [f"{z:+.2f} SD" for z in relative_scores([h["score"] for h in pool])[:5]]
+    assert [int(f[2].split()[1]) for f in fields] == [int(h["manifest_index"]) for h in want]
 
 
 def test_add_keeps_cells_in_step(lse, assets, tmp_path):

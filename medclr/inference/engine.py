@@ -5,10 +5,13 @@ same preprocessing (:mod:`medclr.inference.preprocess`) and the same maths. Buil
 :func:`medclr.inference.load_checkpoint`.
 
 * Zero-shot: for each class, the image-sentence score s (the checkpoint's similarity head, the score
-  the loss was trained on) with the positive and the negative prompt set; probability =
+  the loss was trained on) with the positive and the negative prompt set; the raw probability =
   softmax((s_neg, s_pos) / tau)[1]. Prompt sets with several prompts are reduced BioViL-style (mean of
   unnormalised projections, then L2-normalised). Reduction and scores are ``medclr.prompts``'s, which
-  training's validation AUC uses too. Default prompts: ``medclr.prompts.CHEX5_PROMPTS``.
+  training's validation AUC uses too. Default prompts: ``medclr.prompts.CHEX5_PROMPTS``. What readers
+  show is :meth:`Inference.calibrated`: the checkpoint's per-finding calibration of s_pos - s_neg
+  (``medclr.findings``, fitted on validation at the end of training), NaN with a reason for a finding the
+  checkpoint does not read.
 * Grounding: the head's region-sentence cosines (``DualEncoder.region_scores``), optionally smoothed
   on the grid (Gaussian, sigma in cells; BioViL uses 1.5), upsampled into the crop, NaN-padded to the
   original size.
@@ -176,17 +179,62 @@ class Inference:
         prob = torch.sigmoid((s_pos - s_neg) / self.tau)  # = softmax((s_neg, s_pos) / tau)[1]
         return classes, prob.cpu().numpy(), s_pos.cpu().numpy(), s_neg.cpu().numpy()
 
+    @property
+    def findings_record(self) -> dict | None:
+        """Which findings this checkpoint reads (``medclr.findings``), or None: not validated."""
+        return self.meta.findings if self.meta is not None else None
+
+    def _calibration(self, prompts: PromptSet | None) -> tuple[dict | None, str | None]:
+        """(the record that calibrates these prompts, None), or (None, why readers get the raw score)."""
+        from medclr.findings import NOT_VALIDATED
+
+        if self.findings_record is None:
+            return None, NOT_VALIDATED
+        if prompts is not None and prompts is not CHEX5_PROMPTS:
+            return None, "calibrated for the default prompts only: raw score"
+        return self.findings_record, None
+
+    def finding_notes(self, classes: Sequence[str], prompts: PromptSet | None = None) -> dict[str, str | None]:
+        """{class: None} for a finding whose calibrated probability readers show, else the one-sentence reason
+        (not read, not validated, or prompts other than the default ones the record was fitted with)."""
+        from medclr.findings import probability
+
+        record, why = self._calibration(prompts)
+        return {c: why if record is None else probability(record, c, 0.0)[1] for c in classes}
+
+    def calibrated(self, classes: Sequence[str], raw: np.ndarray, s_pos: np.ndarray, s_neg: np.ndarray,
+                   prompts: PromptSet | None = None) -> tuple[np.ndarray, dict[str, str | None]]:
+        """(P(finding) N x C, :meth:`finding_notes`) as readers show them: the checkpoint's calibrated
+        probability of a finding it reads, NaN for one it does not; the raw softmax where no record
+        calibrates these prompts."""
+        from medclr.findings import probability
+
+        record, why = self._calibration(prompts)
+        if record is None:
+            return np.asarray(raw, dtype=np.float64), {c: why for c in classes}
+        out, notes = np.empty(np.shape(raw), dtype=np.float64), {}
+        for j, c in enumerate(classes):
+            out[:, j], notes[c] = probability(record, c, s_pos[:, j] - s_neg[:, j])
+        return out, notes
+
     def zero_shot(self, image: Any, prompts: PromptSet | None = None) -> dict[str, float]:
-        """{class: P(positive)} for one image (path, array or :class:`EncodedImage`)."""
+        """{class: P(positive)} for one image (path, array or :class:`EncodedImage`): calibrated, NaN for a
+        finding the checkpoint does not read (:meth:`calibrated`)."""
         return {d["class"]: d["probability"] for d in self.zero_shot_details(image, prompts)}
 
     def zero_shot_details(self, image: Any, prompts: PromptSet | None = None) -> list[dict[str, Any]]:
-        """Per class: probability, the two scores and the prompts used."""
-        prompts = CHEX5_PROMPTS if prompts is None else prompts
-        classes, prob, s_pos, s_neg = self.zero_shot_scores(self.encode(image).features, prompts)
-        return [{"class": c, "probability": float(prob[0, j]), "score_positive": float(s_pos[0, j]),
-                 "score_negative": float(s_neg[0, j]), "positive_prompts": list(prompts[c]["positive"]),
-                 "negative_prompts": list(prompts[c]["negative"])} for j, c in enumerate(classes)]
+        """Per class: the shown probability (:meth:`calibrated`) and its note, the raw softmax, whether the
+        checkpoint reads the finding and its validation AUC, the two scores and the prompts used."""
+        chosen = CHEX5_PROMPTS if prompts is None else prompts
+        classes, raw, s_pos, s_neg = self.zero_shot_scores(self.encode(image).features, chosen)
+        prob, notes = self.calibrated(classes, raw, s_pos, s_neg, prompts)
+        record = (self.findings_record or {}).get("classes") or {}
+        return [{"class": c, "probability": float(prob[0, j]), "note": notes[c], "raw_probability": float(raw[0, j]),
+                 "reads": record[c]["reads"] if c in record else None,
+                 "validation_auc": record[c]["auc"] if c in record else None,
+                 "score_positive": float(s_pos[0, j]), "score_negative": float(s_neg[0, j]),
+                 "positive_prompts": list(chosen[c]["positive"]), "negative_prompts": list(chosen[c]["negative"])}
+                for j, c in enumerate(classes)]
 
     # -- grounding --------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -202,6 +250,50 @@ class Inference:
 
             grid = gaussian_filter(grid, sigma=sigma, mode="reflect", truncate=4.0)
         return grid
+
+    @torch.inference_mode()
+    def phrase_evidence(self, image: Any, phrase: str) -> dict[str, Any]:
+        """Whether the model says the phrase holds for this image, before anyone paints where.
+
+        A phrase that states one CheX5 finding ("small left pleural effusion"; ``medclr.findings.finding_named``)
+        is judged as the checkpoint's validation judged that finding: its zero-shot margin with the default
+        prompts against the finding's operating point (``threshold``, Youden's J on validation), with the
+        calibrated probability; a finding the checkpoint does not read gets ``present`` None and its reason.
+        Any other phrase (and every phrase of a checkpoint without the record) is compared with its negation
+        (``medclr.data.hard_negatives.negate``: "Pacemaker." -> "No pacemaker."), the two-prompt rule applied
+        to one phrase, uncalibrated; ``present`` is None when the rules cannot negate it (mixed or hedged).
+        Returns {"phrase", "how": "finding" | "negation" | None, "present", "finding", "probability",
+        "operating_probability", "negation", "score", "score_negation", "reason"}."""
+        from medclr.data.hard_negatives import negate
+        from medclr.findings import finding_named, probability
+
+        out: dict[str, Any] = dict.fromkeys(("how", "present", "finding", "probability", "operating_probability",
+                                             "negation", "score", "score_negation", "reason"))
+        out["phrase"] = phrase
+        features = self.encode(image).features
+        classes = list(CHEX5_PROMPTS)
+        name = finding_named(phrase, classes) if self.findings_record is not None else None
+        if name is not None:
+            entry = self.findings_record["classes"].get(name) or {}
+            out.update(how="finding", finding=name)
+            if not entry.get("reads") or entry.get("threshold") is None:
+                out["reason"] = entry.get("reason") or f"this model was not validated on {name.lower()}"
+                return out
+            _, raw, s_pos, s_neg = self.zero_shot_scores(features)
+            j = classes.index(name)
+            margin = float(s_pos[0, j] - s_neg[0, j])
+            out.update(present=margin >= entry["threshold"],
+                       probability=float(probability(self.findings_record, name, margin)[0]),
+                       operating_probability=float(probability(self.findings_record, name, entry["threshold"])[0]))
+            return out
+        negation = negate(phrase)
+        out.update(how="negation" if negation is not None else None, negation=negation)
+        if negation is None:
+            return out
+        scores = self.model.similarity(features, self._text([phrase, negation], True).to(self.device))
+        s, s_neg = (float(v) for v in scores[0].float().cpu())
+        out.update(score=s, score_negation=s_neg, present=s > s_neg)
+        return out
 
     def ground(self, image: Any, phrase: str, sigma: float = 1.5, interpolation: str = "bilinear") -> np.ndarray:
         """H x W float32 similarity map at the original resolution, NaN outside the model's crop."""
