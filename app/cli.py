@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from medclr.errors import MedclrError
+from medclr.inference.heatmap import SMOOTH_SIGMA
 
 HELP = "serve the clinician web app (Gradio) on 127.0.0.1"  # what `medclr --help` shows
 
@@ -52,8 +53,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: all cores)")
     parser.add_argument("--queue-size", type=int, default=32, help="requests waiting before new ones are refused")
-    parser.add_argument("--smoothing", type=float, default=1.5, help="heatmap Gaussian sigma in grid cells "
-                        "(BioViL: 1.5; 0 = raw)")
+    parser.add_argument("--smoothing", type=float, default=SMOOTH_SIGMA, help="heatmap Gaussian sigma in grid cells "
+                        f"(BioViL: {SMOOTH_SIGMA}; 0 = raw)")
     parser.add_argument("--keep-minutes", type=float, default=30.0, help="result images (preview, heatmap, "
                         "thumbnails) and uploads no request has read are deleted after this many minutes "
                         "(default 30); everything goes when the app stops")

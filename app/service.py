@@ -33,7 +33,7 @@ import numpy as np
 
 from medclr.app import render, tempdir
 from medclr.errors import MedclrError
-from medclr.inference.engine import MIN_MAP_RANGE, has_localised_signal, map_range
+from medclr.inference.heatmap import MIN_MAP_RANGE, SMOOTH_SIGMA, has_localised_signal, map_range
 from medclr.io import MAX_PIXELS, read_header, read_image
 
 log = logging.getLogger("medclr.app")
@@ -136,7 +136,7 @@ class LRU(OrderedDict):
 
 class AppService:
     def __init__(self, engine, index=None, max_pixels: int = MAX_PIXELS, max_upload_bytes: int = 64 << 20,
-                 display_side: int = 768, cache_size: int = 8, smoothing: float = 1.5) -> None:
+                 display_side: int = 768, cache_size: int = 8, smoothing: float = SMOOTH_SIGMA) -> None:
         self.engine, self.index = engine, index
         self.max_pixels, self.max_upload_bytes = max_pixels, max_upload_bytes
         self.display_side, self.smoothing = display_side, smoothing
@@ -278,8 +278,7 @@ class AppService:
             return render.to_uint8(up.display), (
                 f"The model shows no localised signal for this phrase: its region scores span only "
                 f"{map_range(grid):.3f} (a localised match spans at least {MIN_MAP_RANGE:.2f}), so no heatmap is drawn.")
-        geo = up.encoded.geometry.resized(*up.display.shape)
-        heat = geo.to_original(grid, "bilinear")
+        heat = self.engine.ground(up.encoded, phrase, sigma=self.smoothing, size=up.display.shape)
         img, info = render.overlay(up.display, heat, scale=scale)
         legend = (presence_sentence(evidence) + f"cosine similarity in [{info['min']:.3f}, {info['max']:.3f}]; colours span "
                   f"[{info['lo']:.3f}, {info['hi']:.3f}] (blue low, red high); contours at "

@@ -9,9 +9,10 @@ Pure functions on arrays; no model is imported. The pinned protocol is written d
   every other non-NaN pixel;
 * CNR = |μ_in − μ_out| / sqrt(σ²_in + σ²_out), population variances (ddof = 0), float64;
 * mIoU = mean over 41 thresholds −1.00, −0.95, …, 1.00 of IoU(map ≥ t, interior);
-* maps come from the model's score grid through :func:`upsample_map`: Gaussian smoothing
-  σ = 1.5 cells (BioViL), bilinear, the resize/centre-crop geometry of ``medclr.geometry`` (the
-  crop the model saw in training and inference), NaN outside the crop.
+* maps come from the model's score grid through :func:`upsample_map` (``medclr.inference.heatmap``, the
+  path the app's heatmaps take too): Gaussian smoothing σ = 1.5 cells (BioViL), bilinear, the
+  resize/centre-crop geometry of ``medclr.geometry`` (the crop the model saw in training and inference),
+  NaN outside the crop.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from scipy import ndimage
 
 from medclr.geometry import CropGeometry
+from medclr.inference.heatmap import SMOOTH_SIGMA, smooth_map, upsample_map  # the one map path (app, scorer, eval)
 
 __all__ = [
     "BIOVIL_SMOOTH_SIGMA",
@@ -43,8 +44,9 @@ __all__ = [
 DEFAULT_THRESHOLDS: np.ndarray = np.round(np.linspace(-1.0, 1.0, 41), 2)
 DEFAULT_THRESHOLDS.setflags(write=False)
 
-#: BioViL's Gaussian smoothing of the patch grid, in grid cells (docs/evaluation.md section 1.1, step 1).
-BIOVIL_SMOOTH_SIGMA: float = 1.5
+#: BioViL's Gaussian smoothing of the patch grid, in grid cells (docs/evaluation.md section 1.1, step 1): the
+#: core's one constant, as the app and the scorer use it.
+BIOVIL_SMOOTH_SIGMA: float = SMOOTH_SIGMA
 
 
 # --------------------------------------------------------------------------- masks
@@ -229,50 +231,3 @@ def category_macro_average(
 # inference, and the one map from original pixels to crop pixels.
 
 
-def smooth_map(region_scores: np.ndarray, sigma: float = BIOVIL_SMOOTH_SIGMA) -> np.ndarray:
-    """BioViL's Gaussian smoothing of the score grid (``scipy.ndimage.gaussian_filter``,
-    "reflect" border, truncate 4.0), sigma in grid cells. ``sigma <= 0`` returns a copy."""
-    g = np.asarray(region_scores, dtype=np.float64)
-    if sigma <= 0:
-        return g.copy()
-    return ndimage.gaussian_filter(g, sigma=float(sigma), mode="reflect", truncate=4.0)
-
-
-def upsample_map(
-    region_scores: np.ndarray,
-    crop_geometry: CropGeometry,
-    original_hw: tuple[int, int] | None = None,
-    *,
-    mode: str = "bilinear",
-    smooth_sigma: float | None = BIOVIL_SMOOTH_SIGMA,
-) -> np.ndarray:
-    """Map an h×w region–sentence score grid back to the original image, NaN outside the crop.
-
-    The placement is :meth:`medclr.geometry.CropGeometry.to_original` (the geometry training and
-    inference use): each original pixel centre is carried through the resize (scale ``resize/original``
-    per axis) and the crop (minus the offset) into grid coordinates, where cell k is centred at k (the
-    ``align_corners=False`` convention). Pixels whose centre falls outside the crop window are NaN; the
-    others are sampled bilinearly, edge-clamped (``mode="bilinear"``) or take the containing cell
-    (``mode="nearest"``). When the crop window lands on whole original pixels the result equals
-    ``torch.nn.functional.interpolate`` (bilinear, align_corners=False) of the grid to the crop's size,
-    padded with NaN.
-
-    ``smooth_sigma`` (grid cells) applies :func:`smooth_map` to the grid first; the default
-    is BioViL's 1.5, the pinned protocol; pass 0 or None for pure geometry. ``original_hw``,
-    when given, must match the geometry. Returns float32 (H, W).
-    """
-    g = np.asarray(region_scores, dtype=np.float64)
-    if g.ndim != 2 or g.shape[0] == 0 or g.shape[1] == 0:
-        raise ValueError(f"region_scores must be a non-empty 2-D grid, got shape {g.shape}")
-    geo = crop_geometry
-    orig = (geo.original_h, geo.original_w)
-    if original_hw is not None and tuple(int(v) for v in original_hw) != orig:
-        raise ValueError(
-            f"original_hw {tuple(original_hw)} does not match the geometry's "
-            f"({geo.original_h}, {geo.original_w})"
-        )
-    if mode not in ("bilinear", "nearest"):
-        raise ValueError(f"mode must be 'bilinear' or 'nearest', got {mode!r}")
-    if smooth_sigma:
-        g = smooth_map(g, smooth_sigma)
-    return geo.to_original(g, mode)

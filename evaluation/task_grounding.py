@@ -31,7 +31,7 @@ def ground_one(grid: np.ndarray, geo, boxes: np.ndarray) -> tuple[float, float]:
 def flat_map_summary(ranges: np.ndarray, cnr: np.ndarray) -> dict:
     """How many phrase maps the app would refuse to paint (smoothed range < MIN_MAP_RANGE), and the
     range that localised matches (CNR >= 1) produce: the calibration of the threshold."""
-    from medclr.inference.engine import MIN_MAP_RANGE
+    from medclr.inference.heatmap import MIN_MAP_RANGE
 
     ok = np.isfinite(ranges)
     localised = ok & (np.nan_to_num(cnr, nan=0.0) >= 1.0)
@@ -49,7 +49,7 @@ def grounding_metrics(model, enc, ph, text, seed: int):
 
     from medclr.evaluation import grounding as G
     from medclr.evaluation.data import control_pairs
-    from medclr.inference.engine import map_range
+    from medclr.inference.heatmap import map_range
 
     ctl = control_pairs(ph, seed)
     n = len(ph)

@@ -144,6 +144,26 @@ def test_ground_map_at_original_resolution_nan_outside_crop(engine):  # noqa: F8
         engine.ground(rg1_path(), "  ")
 
 
+def test_the_app_and_evaluation_draw_the_same_heatmap(engine):  # noqa: F811
+    """One path for a map (medclr.inference.heatmap): the app's overlay (a display copy), the engine's map at the
+    original size and evaluation's grounding map of the same grid are byte-identical arrays."""
+    from medclr.app.service import AppService
+    from medclr.evaluation import grounding as G
+
+    phrase = "possible left pleural effusion"
+    enc = engine.encode(rg1_path())
+    grid = engine.region_grid(enc, phrase)
+    evaluation = G.upsample_map(grid, enc.geometry)  # what medclr eval's CNR/mIoU are computed on
+    assert engine.ground(rg1_path(), phrase).tobytes() == evaluation.tobytes()
+    service = AppService(engine)
+    shown = service.upload(rg1_path()).display.shape
+    display = G.upsample_map(grid, enc.geometry.resized(*shown))
+    assert engine.ground(enc, phrase, size=shown).tobytes() == display.tobytes()
+    _image, legend = service.ground(rg1_path(), phrase, "relative")  # the app paints that array
+    lo, hi = np.nanmin(display), np.nanmax(display)
+    assert f"cosine similarity in [{lo:.3f}, {hi:.3f}]" in legend
+
+
 def test_embeddings_are_unit_and_workers_agree(engine, app_assets):  # noqa: F811
     paths = [rg1_path(), app_assets["images"] / "p00/s00.png", app_assets["images"] / "p01/s01.png"]
     a = engine.embed_images(paths)
@@ -179,7 +199,7 @@ def test_flat_map_is_not_painted(app_assets, tmp_path):  # noqa: F811
     """Every region cell equal (projection weights zero): the map is flat, and the app says so instead of
     stretching a colour scale over it; the trained fixture's map is painted."""
     from medclr.app.service import AppService
-    from medclr.inference.engine import MIN_MAP_RANGE, has_localised_signal, map_range
+    from medclr.inference.heatmap import MIN_MAP_RANGE, has_localised_signal, map_range
 
     def flatten(model):
         with torch.no_grad():

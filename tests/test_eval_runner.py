@@ -147,7 +147,7 @@ def test_cli_writes_metrics_report_and_figures(small, capsys):
         assert p.stat().st_size < 1_000_000 and f"figures/{p.name}" in report
     per = pd.read_csv(d / "report" / "phrases.csv")
     assert len(per) == 16 and {"CNR", "mIoU", "CNR_control", "i2t_rank", "t2i_rank", "map_range"} <= set(per.columns)
-    from medclr.inference.engine import MIN_MAP_RANGE
+    from medclr.inference.heatmap import MIN_MAP_RANGE
 
     flat = m["grounding"]["flat_maps"]  # the app's no-heatmap rule, counted over the phrases
     assert flat["n"] == 16 and flat["n_flat"] == int((per["map_range"] < MIN_MAP_RANGE).sum())

@@ -12,9 +12,9 @@ same preprocessing (:mod:`medclr.inference.preprocess`) and the same maths. Buil
   show is :meth:`Inference.calibrated`: the checkpoint's per-finding calibration of s_pos - s_neg
   (``medclr.findings``, fitted on validation at the end of training), NaN with a reason for a finding the
   checkpoint does not read.
-* Grounding: the head's region-sentence cosines (``DualEncoder.region_scores``), optionally smoothed
-  on the grid (Gaussian, sigma in cells; BioViL uses 1.5), upsampled into the crop, NaN-padded to the
-  original size.
+* Grounding: the head's region-sentence cosines (``DualEncoder.region_scores``), smoothed on the grid
+  (Gaussian, sigma in cells; BioViL uses 1.5), upsampled into the crop, NaN-padded to the original size:
+  ``medclr.inference.heatmap``, the one path evaluation's maps take too.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 
 from medclr.errors import MedclrError
 from medclr.inference.checkpoint import DEFAULT_TAU, weights_sha256
+from medclr.inference.heatmap import SMOOTH_SIGMA, smooth_map, upsample_map
 from medclr.inference.metadata import CheckpointMeta
 from medclr.inference.preprocess import CropGeometry, Preprocess, image_loader, preprocess_image
 from medclr.inference.stats import SentenceStats
@@ -39,21 +40,6 @@ from medclr.io import MAX_PIXELS, read_image
 from medclr.models.dual import DualEncoder
 from medclr.models.image import ImageFeatures
 from medclr.prompts import CHEX5_PROMPTS, PromptSet, prompt_embeddings, zero_shot_scores
-
-# Below this spread (max - min, in cosine units) of its smoothed region scores, a phrase map is
-# flat: the model shows no localised signal, and no heatmap is painted (a relative colour scale would
-# stretch noise over the whole palette). Calibrated on the phantom (docs/evaluation.md, "Flat maps"):
-# an untrained LSE+NL head spans ~0.006, trained heads 0.05-0.35 (5th-95th percentile).
-MIN_MAP_RANGE = 0.03
-
-
-def map_range(grid: np.ndarray) -> float:
-    """Spread of a (smoothed) region-score grid; NaN cells ignored."""
-    return float(np.nanmax(grid) - np.nanmin(grid)) if np.isfinite(grid).any() else 0.0
-
-
-def has_localised_signal(grid: np.ndarray) -> bool:
-    return map_range(grid) >= MIN_MAP_RANGE
 
 
 @dataclass
@@ -238,18 +224,17 @@ class Inference:
 
     # -- grounding --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def ground_grid(self, image: Any, phrase: str, sigma: float = 1.5) -> np.ndarray:
-        """h x w region-phrase cosines over the crop (Gaussian-smoothed with ``sigma`` cells; 0 = raw)."""
+    def region_grid(self, image: Any, phrase: str) -> np.ndarray:
+        """h x w region-phrase cosines over the crop, as the head scores them (no smoothing), float32."""
         if not isinstance(phrase, str) or not phrase.strip():
             raise MedclrError("phrase: expected a non-empty sentence to ground")
         enc = self.encode(image)
         text = self._text([phrase], True).to(self.device)
-        grid = self.model.region_scores(enc.features, text)[0, 0].float().cpu().numpy()
-        if sigma and sigma > 0:
-            from scipy.ndimage import gaussian_filter
+        return self.model.region_scores(enc.features, text)[0, 0].float().cpu().numpy()
 
-            grid = gaussian_filter(grid, sigma=sigma, mode="reflect", truncate=4.0)
-        return grid
+    def ground_grid(self, image: Any, phrase: str, sigma: float = SMOOTH_SIGMA) -> np.ndarray:
+        """:meth:`region_grid` smoothed (``medclr.inference.heatmap.smooth_map``, ``sigma`` cells; 0 = raw)."""
+        return smooth_map(self.region_grid(image, phrase), sigma)
 
     @torch.inference_mode()
     def phrase_evidence(self, image: Any, phrase: str) -> dict[str, Any]:
@@ -295,10 +280,13 @@ class Inference:
         out.update(score=s, score_negation=s_neg, present=s > s_neg)
         return out
 
-    def ground(self, image: Any, phrase: str, sigma: float = 1.5, interpolation: str = "bilinear") -> np.ndarray:
-        """H x W float32 similarity map at the original resolution, NaN outside the model's crop."""
+    def ground(self, image: Any, phrase: str, sigma: float = SMOOTH_SIGMA, interpolation: str = "bilinear",
+               size: tuple[int, int] | None = None) -> np.ndarray:
+        """H x W float32 similarity map, NaN outside the model's crop: at the original resolution, or at ``size``
+        (a display copy's (H, W)). ``medclr.inference.heatmap.upsample_map``, the path evaluation's maps take."""
         enc = self.encode(image)
-        return enc.geometry.to_original(self.ground_grid(enc, phrase, sigma), interpolation)
+        geometry = enc.geometry if size is None else enc.geometry.resized(*size)
+        return upsample_map(self.region_grid(enc, phrase), geometry, mode=interpolation, smooth_sigma=sigma)
 
     # -- sentence statistics ----------------------------------------------------------------------
     @property
