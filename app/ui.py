@@ -227,8 +227,10 @@ def build_blocks(service: AppService) -> gr.Blocks:
             component.preprocess = _as_sent
         model_events = {"concurrency_id": "model", "concurrency_limit": 1}
         # a new upload first blanks everything shown for the previous one (another patient's, perhaps)
-        upload.upload(lambda: (None, "", None, None, "", None, ""), None,
-                      [shown, facts, label, table, findings_note, heat, legend],
+        # (the galleries and the inspector too: they answered for the previous image)
+        previous = [shown, facts, label, table, findings_note, heat, legend, similar, study_title, study_table, pick,
+                    sentence, summary, inspected]
+        upload.upload(lambda: tuple(_blank(c) for c in previous), None, previous,
                       api_name="_reset", api_visibility="private", queue=False)
         upload.upload(preview, upload, [shown, facts], api_name="preview", **model_events)
         analyse.click(zero_shot, upload, [label, table, findings_note], api_name="zero_shot", **model_events).then(

@@ -241,6 +241,11 @@ def test_clear_empties_every_panel_and_the_inspector(server):
         assert update["value"] is None, component
         if isinstance(component, gr.Dropdown):
             assert update["choices"] == []
+    # a new upload blanks what answered for the previous image: findings, heatmap, galleries, inspector
+    reset = next(fn for fn in demo.fns.values() if fn.api_name == "_reset")
+    assert {"findings", "findings_note", "heatmap", "similar", "study_sentences", "inspected", "sentence"} <= {
+        getattr(c, "elem_id", None) for c in reset.outputs}
+    assert all(update["value"] is None for update in reset.fn())
     # each blank is one the component accepts (Gradio's own postprocessing of an empty value)
     for component in clear.outputs:
         if isinstance(component, (gr.Dataframe, gr.Markdown, gr.JSON, gr.Gallery, gr.Textbox)):
