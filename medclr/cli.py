@@ -17,6 +17,7 @@ import re
 import sys
 from pathlib import Path
 
+from medclr import __version__
 from medclr.errors import MedclrError
 
 GROUP = "medclr.commands"
@@ -110,6 +111,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         "with false-negative-aware contrastive losses. `medclr COMMAND --help` explains each command.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"medclr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, ep in registered.items():

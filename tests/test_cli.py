@@ -33,6 +33,13 @@ def test_help_lists_every_contract_command():
         assert name in result.stdout
 
 
+def test_version():
+    from medclr import __version__
+
+    result = medclr("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"medclr {__version__}"
+
+
 def test_inspect_real_dicom_and_bad_files(tmp_path):
     ok = medclr("inspect", get_testdata_file("RG1_J2KR.dcm"), "--png", tmp_path / "rg1.png")
     assert ok.returncode == 0 and '"photometric": "MONOCHROME1"' in ok.stdout and (tmp_path / "rg1.png").is_file()

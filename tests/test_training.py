@@ -398,6 +398,28 @@ def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head,
     assert len(err) == 1 and "dataset size mismatch" in err[0] and "16 pairs" in err[0] and "now has 14" in err[0]
 
 
+def test_resume_with_more_steps_extends_a_finished_run(tiny, tmp_path, capsys):
+    """--resume with a larger train.max_steps trains exactly the extra steps, on the learning rates a run planned
+    for the new length has at those steps; a smaller one is refused in one line."""
+    manifest, lm = tiny
+    args = ("train.batch_size=8", "ckpt.every=100", "val.every=null")
+    short, straight = tmp_path / "short", tmp_path / "straight"
+    assert _cli(_train_cmd("infonce", manifest, lm, short, *args, "train.max_steps=4")[3:]) == 0
+    assert _cli(_train_cmd("infonce", manifest, lm, straight, *args, "train.max_steps=7")[3:]) == 0
+    capsys.readouterr()
+    assert _cli(_train_cmd("infonce", manifest, lm, short, *args, "train.max_steps=7")[3:] + ["--resume"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["train"]
+    assert summary["start_step"] == 4 and summary["steps"] == 7 and summary["total_steps"] == 7
+    resumed = {m["step"]: m["lr"] for m in _metrics(short) if "lr" in m}
+    planned = {m["step"]: m["lr"] for m in _metrics(straight) if "lr" in m}
+    assert sorted(resumed) == list(range(1, 8))
+    assert all(resumed[s] == pytest.approx(planned[s], rel=1e-12) for s in (5, 6, 7))
+    assert resumed[4] == 0.0 < resumed[5]  # the 4-step run ended at lr 0; the 7-step cosine resumes above it
+    assert _cli(_train_cmd("infonce", manifest, lm, short, *args, "train.max_steps=5")[3:] + ["--resume"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.max_steps 5 is below the run's 7 steps (7 done)" in err[0]
+
+
 def test_missing_text_model_and_existing_run_are_refused(tiny, tmp_path):
     import shutil
 

@@ -136,13 +136,31 @@ def preflight(cfg: dict, resume: str | None, world_size: int) -> Plan:
                               f"{state.get('global_batch')} (the sampler position would not match)")
         if state.get("loss") != cfg["loss"]["name"]:
             raise MedclrError(f"--resume {ckpt}: loss {cfg['loss']['name']} differs from the checkpoint's {state.get('loss')}")
-        total = int(state["total_steps"])
+        total = resumed_total(cfg, state, ckpt)
     elif ckpt_mod.latest_checkpoint(out) is not None:
         raise MedclrError(f"out {out} already holds a training run ({ckpt_mod.latest_checkpoint(out).name}); "
                           "pass --resume to continue it, or choose another out")
     loss, warnings = configured_loss(cfg, n, spe, total, num_texts=len(table.texts))
     check_images_exist(table, cfg["data"]["manifest"])
     return Plan(cfg, out, text_model, table, ckpt, state, spe, total, loss, warnings)
+
+
+def resumed_total(cfg: dict, state: dict, ckpt: Path) -> int:
+    """The step count of a resumed run: the checkpoint's, or a larger ``train.max_steps`` to extend it (also a
+    finished run). The learning-rate schedule is a function of (step, total), so an extended run continues on
+    the cosine of the new total: from the resumed step on, the rate is what a run planned for that total would
+    have had there (a rise from the old run's end, docs/training.md). A total below the checkpoint's is
+    refused in one line; a run sized by ``train.max_minutes`` keeps the total its budget fixed."""
+    saved, done = int(state["total_steps"]), int(state["step"])
+    asked = cfg["train"]["max_steps"]
+    if asked is None or int(asked) == saved or cfg["train"]["max_minutes"] is not None:
+        return saved
+    if int(asked) < saved:
+        raise MedclrError(f"--resume {ckpt}: train.max_steps {int(asked)} is below the run's {saved} steps "
+                          f"({done} done); resume with train.max_steps={saved}, or more to extend it")
+    log.info("--resume %s: train.max_steps %d extends the run from %d to %d steps (the cosine schedule "
+             "continues on the new length)", ckpt, int(asked), saved, int(asked))
+    return int(asked)
 
 
 def configured_loss(cfg: dict, num_samples: int, steps_per_epoch: int, total_steps: int,

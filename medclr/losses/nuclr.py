@@ -140,7 +140,7 @@ class NUCLRLoss(ContrastiveLoss):
             return []
         self.freeze_zeta_steps = int(round(float(self.freeze_zeta_epochs) * steps_per_epoch))
         if self.freeze_zeta_steps >= total_steps:
-            return [f"freeze_zeta_epochs={self.freeze_zeta_epochs} covers the whole run ({total_steps} steps): zeta is "
+            return [f"loss.freeze_zeta_epochs={self.freeze_zeta_epochs} covers the whole run ({total_steps} steps): zeta is "
                     "never updated (short runs: loss.freeze_zeta_epochs=1 or 0 on the command line)"]
         return []
 
