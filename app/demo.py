@@ -72,7 +72,7 @@ def plan(work: Path, args: argparse.Namespace) -> list[Step]:
              ["train", "--config", "dcl_lm", f"preset={preset(args)}", f"data.manifest={work / 'manifest.parquet'}",
               f"data.eta={work / 'eta.parquet'}", f"out={work / 'checkpoint'}"],
              work / "checkpoint" / "model.safetensors"),
-        Step("evaluate", "eval", ["eval", "--checkpoint", str(work / "checkpoint"), "--data", str(work / "manifest.parquet"),
+        Step("evaluate", "eval", ["eval", "--checkpoint", str(work / "checkpoint"), "--manifest", str(work / "manifest.parquet"),
                                   "--out", str(work / "report")], work / "report" / "metrics.json"),
         Step("build the retrieval index", "index", ["index", "build", "--checkpoint", str(work / "checkpoint"), "--manifest",
                                                     str(work / "manifest.parquet"), "--out", str(work / "index")],

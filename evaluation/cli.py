@@ -15,12 +15,12 @@ HELP = "CheX5 zero-shot, MS-CXR grounding, retrieval, probes -> metrics.json + r
 
 EPILOG = """\
 examples:
-  medclr eval --checkpoint runs/dcl_lm --data phantom/ --out runs/dcl_lm/eval
-  medclr eval --checkpoint runs/dcl_lm --data work/manifest.parquet --out report/ --tasks zeroshot,grounding
-  medclr eval --checkpoint runs/dcl_lm --data /data/mimic-cxr-jpg --prompts my_prompts.yaml --max-images 1000
-  medclr eval --checkpoint runs/dcl_s0 --checkpoint runs/dcl_s1 --checkpoint runs/dcl_s2 --data phantom/ --out eval_seeds
+  medclr eval --checkpoint runs/dcl_lm --manifest phantom/ --out runs/dcl_lm/eval
+  medclr eval --checkpoint runs/dcl_lm --manifest work/manifest.parquet --out report/ --tasks zeroshot,grounding
+  medclr eval --checkpoint runs/dcl_lm --manifest /data/mimic-cxr-jpg --prompts my_prompts.yaml --max-images 1000
+  medclr eval --checkpoint runs/dcl_s0 --checkpoint runs/dcl_s1 --checkpoint runs/dcl_s2 --manifest phantom/ --out eval_seeds
 
---data is a manifest parquet (from `medclr prepare`; MS-CXR boxes are read from <stem>.mscxr.parquet
+--manifest (or --data) is a manifest parquet (from `medclr prepare`; MS-CXR boxes are read from <stem>.mscxr.parquet
 beside it) or a MIMIC-CXR-JPG / CXR-Phantom root (MS_CXR_Local_Alignment_v*.csv inside it).
 Writes OUT/metrics.json, OUT/phrases.csv (per-phrase CNR, mIoU, retrieval ranks), OUT/report.md and
 OUT/figures/*.png. Tasks: zeroshot (CheX5 AUC/ACC, test split labels), grounding (CNR, mIoU per
@@ -63,7 +63,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, action="append", metavar="DIR",
                         help="a `medclr train` output directory; repeat it to evaluate several (e.g. training seeds) "
                         "and pool them: --checkpoint runs/s0 --checkpoint runs/s1 (see below)")
-    parser.add_argument("--data", required=True, metavar="PATH", help="manifest parquet, or a MIMIC-CXR-JPG / phantom root")
+    parser.add_argument("--manifest", "--data", dest="data", required=True, metavar="PATH",
+                        help="manifest parquet (as the other commands name it; --data is the older spelling), or a "
+                             "MIMIC-CXR-JPG / phantom root")
     parser.add_argument("--out", default="eval", metavar="DIR", help="output directory (default: ./eval)")
     parser.add_argument("--split", default="test", choices=("test", "validate", "train"),
                         help="manifest split for zero-shot and the probe's test side (default: test)")
@@ -96,7 +98,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # cheap checks first: a typo gets its one line before torch is even imported
     if not os.path.exists(args.data):
-        raise MedclrError(f"--data {args.data!r}: no such file or directory (expected a manifest .parquet or a "
+        raise MedclrError(f"--manifest {args.data!r}: no such file or directory (expected a manifest .parquet or a "
                           "MIMIC-CXR-JPG / CXR-Phantom root)")
     checkpoints = list(args.checkpoint)
     for c in checkpoints:
