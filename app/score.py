@@ -20,8 +20,12 @@ EPILOG = """examples:
   medclr score --checkpoint C --input DIR --out results.parquet --full-decode   # the app's exact inputs
   torchrun --nproc_per_node 4 -m medclr score --checkpoint C --input DIR --out results.parquet --device cuda
 
-Writes results.parquet (path, height, width, one probability column per CheX5 class[, embedding])
-and results.errors.parquet (path, error) for files that could not be read. Work is saved in
+Writes results.parquet (path, height, width, one probability column per CheX5 class with its
+"<class> reason" column[, embedding]) and results.errors.parquet (path, error) for files that could not
+be read. The probabilities are the checkpoint's calibrated ones: at the end of training each finding's
+zero-shot score was calibrated (Platt scaling) on the validation split; a finding whose validation AUC is
+below 0.70 (or flipped) is NaN and its reason says so. A checkpoint without that record (older ones) gives
+the raw softmax over the prompt pair, with "not validated" in every reason column (docs/scoring.md). Work is saved in
 results.parquet.parts/ as it goes: rerun the same command after a crash (or on a grown archive) and
 only the files not yet scored, or changed (size or mtime) since they were scored, are scored, each
 exactly once; a changed file's row is replaced."""
@@ -97,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         changed = f", {stats['changed']} changed since scored" if stats.get("changed") else ""
         print(f"scored {stats['scored']} files ({stats['errors']} unreadable, {stats['skipped_done']} already done"
               f"{changed}) "
-              f"in {stats['seconds']:.1f} s; {args.out}: {merged.get('rows', 0)} rows, "
+              f"in {stats['seconds']:.1f} s ({stats['scored'] / max(stats['seconds'], 1e-9):.1f} images/s); "
+              f"{args.out}: {merged.get('rows', 0)} rows, "
               f"{merged.get('errors', 0)} in the errors table")
     return 0
