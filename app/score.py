@@ -18,6 +18,7 @@ EPILOG = """examples:
   medclr score --checkpoint run/checkpoint --input /archive/cxr --out results.parquet
   medclr score --checkpoint C --input DIR --out results.parquet --embeddings --workers 6 --device cuda
   medclr score --checkpoint C --input DIR --out results.parquet --full-decode   # the app's exact inputs
+  medclr score --checkpoint C --input study.dcm --out results.csv              # one file, a CSV table
   torchrun --nproc_per_node 4 -m medclr score --checkpoint C --input DIR --out results.parquet --device cuda
 
 Writes results.parquet (path, height, width, one probability column per CheX5 class with its
@@ -50,8 +51,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a `medclr train` checkpoint directory")
-    parser.add_argument("--input", required=True, metavar="DIR", help="directory tree of DICOM/PNG/JPEG files")
-    parser.add_argument("--out", required=True, metavar="PARQUET", help="results table to write")
+    parser.add_argument("--input", required=True, metavar="PATH",
+                        help="directory tree of DICOM/PNG/JPEG files, or one such file")
+    parser.add_argument("--out", required=True, metavar="TABLE",
+                        help="results table to write: .parquet or .csv (the errors table takes the same format)")
     parser.add_argument("--embeddings", action="store_true", help="also store each image's global embedding")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--workers", type=int, default=None,
@@ -75,8 +78,12 @@ def run(args: argparse.Namespace) -> int:
             raise MedclrError(f"--{flag.replace('_', '-')}: expected >= 1")
     if args.workers is not None and args.workers < 0:
         raise MedclrError("--workers: expected >= 0")
-    if not str(args.out).endswith(".parquet"):
-        raise MedclrError(f"--out {args.out!r}: expected a path ending in .parquet")
+    from medclr.app.scoring import OUTPUT_SUFFIXES
+
+    if Path(args.out).suffix not in OUTPUT_SUFFIXES:
+        raise MedclrError(f"--out {args.out!r}: expected a path ending in .parquet or .csv")
+    if args.embeddings and Path(args.out).suffix == ".csv":
+        raise MedclrError("--embeddings needs a .parquet --out (a CSV cell holds no vector)")
     import torch
 
     from medclr.app.scoring import ScoreOptions, score_tree

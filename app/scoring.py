@@ -71,9 +71,12 @@ def parts_dir(out: Path) -> Path:
     return out.with_name(out.name + ".parts")
 
 
+OUTPUT_SUFFIXES = (".parquet", ".csv")  # the results table's format, by the suffix of --out
+
+
 def errors_path(out: Path) -> Path:
-    stem = out.name[: -len(".parquet")] if out.name.endswith(".parquet") else out.name
-    return out.with_name(stem + ".errors.parquet")
+    """results.parquet -> results.errors.parquet; results.csv -> results.errors.csv."""
+    return out.with_name(out.stem + ".errors" + out.suffix)
 
 
 def fingerprint(path: Path) -> tuple[int, int]:
@@ -111,8 +114,14 @@ def done_set(latest: dict[str, tuple[int, tuple[int, int] | None]], prints: dict
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
+    """Parquet, or CSV for a path ending in .csv (the parts are always Parquet)."""
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+        if path.suffix == ".csv":
+            from pyarrow import csv
+
+            csv.write_csv(table, tmp)
+        else:
+            pq.write_table(table, tmp)
 
 
 @dataclass
@@ -154,11 +163,15 @@ def _check_run(parts: Path, run: dict[str, Any]) -> None:
 
 def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
                opts: ScoreOptions | None = None) -> dict[str, Any]:
-    """Score every image under ``root`` into ``out`` (resumable). Returns counts for this process."""
+    """Score every image under ``root`` (a folder, or one image file) into ``out`` (resumable). Returns counts
+    for this process."""
     opts = opts or ScoreOptions()
     root, out = Path(root), Path(out)
-    if not root.is_dir():
-        raise MedclrError(f"--input {str(root)!r}: no such directory")
+    single = root.name if root.is_file() else None
+    if single is not None:
+        root = root.parent
+    elif not root.is_dir():
+        raise MedclrError(f"--input {str(root)!r}: no such file or directory")
     if out.exists() and out.is_dir():
         raise MedclrError(f"--out {str(out)!r} is a directory; expected a .parquet file path")
     rank, world, _ = env_world()
@@ -167,7 +180,8 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     classes = list(engine.prompt_embeddings())
     run = {"weights_sha256": engine.weights_sha256, "checkpoint": str(engine.checkpoint_dir),
            "preprocess": {"image_size": engine.preprocess.image_size, "resize": engine.preprocess.resize_to},
-           "embeddings": bool(opts.embeddings), "classes": classes, "tau": engine.tau, "root": str(root.resolve()),
+           "embeddings": bool(opts.embeddings), "classes": classes, "tau": engine.tau,
+           "root": str((root / single if single else root).resolve()),
            "decode": opts.decode, "findings": engine.findings_record}
     if rank == 0:
         _check_run(parts, run)
@@ -178,7 +192,7 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     else:
         _barrier(group)
 
-    files = find_images(root, skip=parts)[rank::world]
+    files = ([single] if single else find_images(root, skip=parts))[rank::world]
     # stat'ed before reading: a file changed while it is read keeps its old fingerprint and is rescored
     prints = {f: fingerprint(root / f) for f in files}
     latest = scored(parts)

@@ -279,3 +279,23 @@ def test_torchrun_two_processes(app_assets, archive, tmp_path):  # noqa: F811
     assert run.returncode == 0, run.stderr[-3000:]
     res, err = pd.read_parquet(out), pd.read_parquet(Path(str(out).replace(".parquet", ".errors.parquet")))
     assert len(res) + len(err) == N_PNG + 3 and res["path"].is_unique
+
+
+def test_one_file_into_a_csv_table(engine, tmp_path, capsys):  # noqa: F811
+    """--input may be one file, --out a .csv (the errors table follows it); a CSV gets no embeddings."""
+    from medclr.cli import main as medclr_main
+
+    src = tmp_path / "in" / "rg1.dcm"
+    src.parent.mkdir()
+    shutil.copy(rg1_path(), src)
+    (tmp_path / "in" / "other.png").write_bytes(b"not scored: only the named file is")
+    out = tmp_path / "scores.csv"
+    argv = ["score", "--checkpoint", str(engine.checkpoint_dir), "--input", str(src), "--out", str(out),
+            "--workers", "0", "--no-progress", "--threads", "1"]
+    assert medclr_main(argv) == 0
+    assert "images/s" in capsys.readouterr().out
+    df = pd.read_csv(out)
+    assert df["path"].tolist() == ["rg1.dcm"] and {"Cardiomegaly", "Cardiomegaly reason"} <= set(df.columns)
+    assert (tmp_path / "scores.errors.csv").is_file() and pd.read_csv(tmp_path / "scores.errors.csv").empty
+    assert medclr_main([*argv[:6], str(tmp_path / "e.csv"), "--embeddings"]) == 1
+    assert "--embeddings needs a .parquet --out" in capsys.readouterr().err
