@@ -183,11 +183,16 @@ def test_fit_is_label_free(tmp_path):
     assert set(v["paper"]["eta_quantiles"]) == {"0.01", "0.1", "0.5", "0.9", "0.99"}
 
 
-def test_zero_slope_and_fallback():
+def test_zero_slope_and_fallback(caplog):
     from medclr.lm.eta_fit import fit_eta_meaning, fit_eta_sentence, resolve_eta_params
 
     manifest, table = _corpus()
     inverted = table.assign(pll=-table["pll"] - 100.0)  # an LM that ranks rare meanings first
+    caplog.clear()
+    resolve_eta_params(table, manifest)
+    assert "ranks the sentences' meanings weakly" not in caplog.text
+    resolve_eta_params(inverted, manifest)  # a fit that is used, from an LM that ranks the wrong way: said
+    assert "ranks the sentences' meanings weakly" in caplog.text and "--eta-a/--eta-k" in caplog.text
     fit = fit_eta_sentence(inverted, manifest)
     _, y, w = _reference_pairs(manifest, inverted)
     assert fit["k"] == pytest.approx(0.0, abs=1e-9) and fit["k_zero"]

@@ -229,6 +229,11 @@ def check_eta_choice(method: str, a: float | None, k: float | None, eta_max: flo
     check_eta_params(DEFAULT_A if a is None else a, DEFAULT_K if k is None else k, eta_max)
 
 
+# Below this Spearman (the LM's log p of a meaning against how often the corpus states it) the fit is warned
+# about: the demo's LM reaches 0.5-0.6 (docs/lm.md section 5); a near-flat eta makes DCL-eta_LM a plain DCL.
+WEAK_FIT_SPEARMAN = 0.3
+
+
 def resolve_eta_params(eta_table: pd.DataFrame, manifest: pd.DataFrame, *, method: str = "meaning",
                        a: float | None = None, k: float | None = None, split: str | None = "train",
                        norm: str = "sum", sampling: dict | None = None, eta_max: float = DEFAULT_ETA_MAX) -> dict:
@@ -249,6 +254,11 @@ def resolve_eta_params(eta_table: pd.DataFrame, manifest: pd.DataFrame, *, metho
     if a is not None:
         return {"source": "given", "a": float(a), "k": float(k), "fit": fit}
     if method != "paper" and "error" not in fit:
+        weak = fit.get("spearman_logp_target", float("nan"))
+        if not weak >= WEAK_FIT_SPEARMAN:
+            log.warning("the LM ranks the sentences' meanings weakly (Spearman of log p with their frequency %.2f, "
+                        "below %.1f): eta_LM will be nearly a constant, and DCL-eta_LM nearly DCL. Fit the LM longer "
+                        "(`medclr lm fit --epochs`), or pass --eta-a/--eta-k (docs/lm.md)", weak, WEAK_FIT_SPEARMAN)
         return {"source": method, **({"a": fit["a"], "k": fit["k"]} if method == "sentence" else {}), "fit": fit}
     if method != "paper":
         log.warning("no %s fit of eta (%s); using the paper's a = %g, k = %g", method, fit["error"], DEFAULT_A, DEFAULT_K)
