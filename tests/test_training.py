@@ -188,7 +188,7 @@ def test_config_layers_presets_and_overrides():
     assert zs["data"]["crop"] == 64 and zs["model"]["output_stride"] == 8 and zs["hard_negatives"]["weight"] == 1.0
     assert zs["data"]["study_sampling"] == "findings" and zs["data"]["study_balance"] == 1.0
     assert zs["data"]["short_form"] == 0.3 and cfg["data"]["short_form"] == 0.0
-    assert zs["train"]["max_steps"] == 1000 == zs["ckpt"]["every"]
+    assert zs["train"]["max_steps"] == 1000 == 10 * zs["ckpt"]["every"] and zs["ckpt"]["keep_last"] == 2
 
 
 @pytest.mark.parametrize("config, overrides, message", [
