@@ -10,6 +10,9 @@ CheX5 zero-shot AUC with the paper's prompts. Scores and metrics are `medclr eva
 core: ``medclr.prompts`` (prompts reduced from unnormalised projections, scored by the model's own
 similarity head) and ``medclr.metrics`` (R@K, AUC); training imports nothing from evaluation.
 It is RNG-neutral (fork_rng, eval mode), so validating never changes what training does next.
+At the end of training :meth:`Validator.findings` scores every labelled validation image and records which
+CheX5 findings the model reads (``medclr.findings``: AUC with CI, direction, Platt calibration, operating
+point), which the final checkpoint keeps in ``checkpoint_meta.json``.
 """
 
 from __future__ import annotations
