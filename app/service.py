@@ -273,12 +273,11 @@ class AppService:
         absent = absence_sentence(evidence)
         if absent is not None:
             return render.to_uint8(up.display), absent
-        grid = self.engine.ground_grid(up.encoded, phrase, sigma=self.smoothing)
+        heat, grid = self.engine.heatmap(up.encoded, phrase, sigma=self.smoothing, size=up.display.shape)
         if not has_localised_signal(grid):
             return render.to_uint8(up.display), (
                 f"The model shows no localised signal for this phrase: its region scores span only "
                 f"{map_range(grid):.3f} (a localised match spans at least {MIN_MAP_RANGE:.2f}), so no heatmap is drawn.")
-        heat = self.engine.ground(up.encoded, phrase, sigma=self.smoothing, size=up.display.shape)
         img, info = render.overlay(up.display, heat, scale=scale)
         legend = (presence_sentence(evidence) + f"cosine similarity in [{info['min']:.3f}, {info['max']:.3f}]; colours span "
                   f"[{info['lo']:.3f}, {info['hi']:.3f}] (blue low, red high); contours at "

@@ -120,16 +120,23 @@ def probability(record: Mapping[str, Any] | None, name: str, margin: np.ndarray 
     """(calibrated probability, None) for a finding the checkpoint reads; (NaN, reason) for one it does not.
     Without a record (``record`` None): (NaN, :data:`NOT_VALIDATED`); callers that still want a score
     show the raw one with that notice."""
-    shape = np.shape(margin)
+    why = unread_reason(record, name)
+    if why is not None:
+        return np.full(np.shape(margin), np.nan), why
+    p = record["classes"][name]["platt"]
+    return sigmoid(p["a"] * np.asarray(margin, dtype=np.float64) + p["b"]), None
+
+
+def unread_reason(record: Mapping[str, Any] | None, name: str) -> str | None:
+    """None when the record says the checkpoint reads finding ``name``, else the one sentence readers show."""
     if record is None:
-        return np.full(shape, np.nan), NOT_VALIDATED
+        return NOT_VALIDATED
     entry = (record.get("classes") or {}).get(name)
     if entry is None:
-        return np.full(shape, np.nan), f"this model was not validated on {name.lower()}"
+        return f"this model was not validated on {name.lower()}"
     if not entry.get("reads"):
-        return np.full(shape, np.nan), entry.get("reason") or f"this model does not reliably read {name.lower()}"
-    p = entry["platt"]
-    return sigmoid(p["a"] * np.asarray(margin, dtype=np.float64) + p["b"]), None
+        return entry.get("reason") or f"this model does not reliably read {name.lower()}"
+    return None
 
 
 def expected_calibration_error(prob: np.ndarray, label: np.ndarray, bins: int = 10) -> float:

@@ -183,10 +183,10 @@ class Inference:
     def finding_notes(self, classes: Sequence[str], prompts: PromptSet | None = None) -> dict[str, str | None]:
         """{class: None} for a finding whose calibrated probability readers show, else the one-sentence reason
         (not read, not validated, or prompts other than the default ones the record was fitted with)."""
-        from medclr.findings import probability
+        from medclr.findings import unread_reason
 
         record, why = self._calibration(prompts)
-        return {c: why if record is None else probability(record, c, 0.0)[1] for c in classes}
+        return {c: why if record is None else unread_reason(record, c) for c in classes}
 
     def calibrated(self, classes: Sequence[str], raw: np.ndarray, s_pos: np.ndarray, s_neg: np.ndarray,
                    prompts: PromptSet | None = None) -> tuple[np.ndarray, dict[str, str | None]]:
@@ -280,13 +280,20 @@ class Inference:
         out.update(score=s, score_negation=s_neg, present=s > s_neg)
         return out
 
+    def heatmap(self, image: Any, phrase: str, sigma: float = SMOOTH_SIGMA, interpolation: str = "bilinear",
+                size: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(H x W float32 similarity map, NaN outside the model's crop, at the original resolution or at ``size``
+        (a display copy's (H, W)); the smoothed grid it was drawn from, for the flat-map rule), from one pass
+        of the head. ``medclr.inference.heatmap.upsample_map``, the path evaluation's maps take."""
+        enc = self.encode(image)
+        grid = self.region_grid(enc, phrase)
+        geometry = enc.geometry if size is None else enc.geometry.resized(*size)
+        return upsample_map(grid, geometry, mode=interpolation, smooth_sigma=sigma), smooth_map(grid, sigma)
+
     def ground(self, image: Any, phrase: str, sigma: float = SMOOTH_SIGMA, interpolation: str = "bilinear",
                size: tuple[int, int] | None = None) -> np.ndarray:
-        """H x W float32 similarity map, NaN outside the model's crop: at the original resolution, or at ``size``
-        (a display copy's (H, W)). ``medclr.inference.heatmap.upsample_map``, the path evaluation's maps take."""
-        enc = self.encode(image)
-        geometry = enc.geometry if size is None else enc.geometry.resized(*size)
-        return upsample_map(self.region_grid(enc, phrase), geometry, mode=interpolation, smooth_sigma=sigma)
+        """The map of :meth:`heatmap`."""
+        return self.heatmap(image, phrase, sigma, interpolation, size)[0]
 
     # -- sentence statistics ----------------------------------------------------------------------
     @property
