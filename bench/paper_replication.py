@@ -63,13 +63,15 @@ METHODS = {
     "DCL-eta_True": ("dcl_true", []),
     "SogCLR": ("sogclr", []),
     "NUCLR": ("nuclr", []),
-    "NUCLR (study zeta)": ("nuclr", ["loss.zeta_key=study"]),  # zeta_txt keyed by the study, as before
+    # the two earlier forms of NUCLR's zeta: the uncentred step (the paper's), and zeta_txt keyed by the study
+    "NUCLR (paper zeta step)": ("nuclr", ["loss.zeta_step=paper"]),
+    "NUCLR (study zeta)": ("nuclr", ["loss.zeta_key=study", "loss.zeta_step=paper"]),
     "DeCL": ("decl", []),
     "t-InfoNCE": ("t_infonce", []),
 }
 DCL_ETAS = {"DCL eta=0.01": 0.01, "DCL eta=0.05": 0.05, "DCL eta=0.1": 0.1, "DCL eta=0.2": 0.2}
 # The methods the papers' claims are about; DeCL and t-InfoNCE are baselines no claim names.
-CLAIM_METHODS = [m for m in METHODS if m not in ("DeCL", "t-InfoNCE", "NUCLR (study zeta)")]
+CLAIM_METHODS = [m for m in METHODS if m not in ("DeCL", "t-InfoNCE", "NUCLR (paper zeta step)", "NUCLR (study zeta)")]
 
 PRESETS = {
     # 2 CPU cores, about two hours: the cpu_zeroshot recipe (cpu_small's model: ResNet-18 to layer3 at 64 px,
@@ -228,22 +230,27 @@ def zeta_against_frequency(run: Path) -> dict:
         if not np.array_equal(state[TEXT_HASH_KEY], want):
             raise SystemExit(f"{run}: its loss state's sentences do not match its manifest's training rows")
         log_rho = np.full(len(table.texts), np.nan)
-        for ids, r in zip(table.text_ids, rho):
+        draw = np.zeros(len(table.texts))  # how often training draws each distinct sentence: its visit rate
+        for ids, r, p in zip(table.text_ids, rho, pair_probabilities(table.sentences, **sampling)):
             log_rho[ids] = np.log(r)
+            np.add.at(draw, ids, p)
         x, y, key = log_rho[moved_any], zeta[moved_any], "sentence"  # drawn at least once after the freeze
+        visits = float(spearmanr(draw[moved_any], y)[0])
     else:
         pairs = pair_probabilities(table.sentences, **sampling)
         x = np.array([np.dot(p, np.log(r)) / p.sum() for p, r in zip(pairs, rho)])
         y, key = zeta, "study"
+        visits = float(spearmanr([p.sum() for p in pairs], y)[0])
     return {"key": key, "spearman": float(spearmanr(x, y)[0]), "zeta_sd": float(np.std(y)), "n": int(len(y)),
-            "points": (x, y)}
+            "spearman_draws": visits, "points": (x, y)}
 
 
 def nuclr_popularity(runs: list[Path]) -> dict:
     """Spearman of NUCLR's learned zeta_txt with the true frequency of its texts, per seed."""
     per_run = [zeta_against_frequency(run) for run in runs]
     return {"spearman": {"sentence" if per_run[0]["key"] == "sentence" else "study": [r["spearman"] for r in per_run]},
-            "zeta_sd": [r["zeta_sd"] for r in per_run], "points": per_run[0]["points"]}
+            "zeta_sd": [r["zeta_sd"] for r in per_run], "spearman_draws": [r["spearman_draws"] for r in per_run],
+            "points": per_run[0]["points"]}
 
 
 def loss_effect(work: Path, run: Path, cfg: dict) -> list[dict]:
@@ -501,12 +508,16 @@ def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.Dat
         lines += ["## NUCLR popularity against the true frequency (its Fig. 5)", "",
                   "Spearman(zeta_txt, log rho_sent) per seed (rho_sent: the frequency of the sentence's ground-truth "
                   "key among the pairs as training draws them; a study-keyed zeta is compared with the draw-weighted "
-                  "mean log rho_sent of its study's sentences), and the sd of zeta_txt:", "",
-                  "| run | zeta keyed by | Spearman per seed | sd of zeta_txt |", "|---|---|---|---|"]
+                  "mean log rho_sent of its study's sentences), the sd of zeta_txt, and Spearman(zeta_txt, how often "
+                  "training draws the sentence or study): a zeta that tracks its visit count, not its popularity, "
+                  "shows there:", "",
+                  "| run | zeta keyed by | Spearman per seed | sd of zeta_txt | Spearman with the draw rate |",
+                  "|---|---|---|---|---|"]
         for label, pop in pops.items():
             key = next(iter(pop["spearman"]))
             lines.append(f"| {label} | {key} | " + ", ".join(f"{x:+.3f}" for x in pop["spearman"][key]) + " | "
-                         + ", ".join(f"{x:.4f}" for x in pop["zeta_sd"]) + " |")
+                         + ", ".join(f"{x:.4f}" for x in pop["zeta_sd"]) + " | "
+                         + ", ".join(f"{x:+.3f}" for x in pop["spearman_draws"]) + " |")
         lines += ["", "![popularity](img/results_nuclr_popularity.png)", ""]
     if {"NUCLR", "SogCLR"} <= set(rows["method"]):
         lines += ["## NUCLR against SogCLR on retrieval", "", "![retrieval](img/results_retrieval.png)", ""]
@@ -551,6 +562,7 @@ def main() -> int:
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per run (overrides the preset)")
     ap.add_argument("--workers", type=int, default=None, help="runs at a time (cpu: 2, one thread each; gpu: 21)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads a run (default 1: the runs share the cores)")
     ap.add_argument("--sweep-r", default=None,
                     help="comma-separated fractions r of the imbalance sweep (none by default; e.g. 0.5,0.2,0.1,0.05); "
                          "'none' skips the sweep")
@@ -572,6 +584,8 @@ def main() -> int:
         cfg["steps"] = args.steps
     if args.workers:
         cfg["workers"] = args.workers
+    if args.threads:
+        cfg["threads"] = args.threads
     if args.sweep_r:
         try:
             cfg["sweep_r"] = [] if args.sweep_r == "none" else [float(r) for r in args.sweep_r.split(",")]
@@ -599,7 +613,7 @@ def main() -> int:
                                 & all_rows["seed"].isin(cfg["sweep_seeds"])], all_rows[all_rows["r"] != 1.0]])
 
     pops = {label: nuclr_popularity([work / "runs" / f"{slug(label)}_s{s}" for s in cfg["seeds"]])
-            for label in ("NUCLR", "NUCLR (study zeta)") if label in cfg["methods"]}
+            for label in ("NUCLR", "NUCLR (paper zeta step)", "NUCLR (study zeta)") if label in cfg["methods"]}
     pop = pops.get("NUCLR")
     calib = eta_calibration(work, cfg)
     effect = loss_effect(work, work / "runs" / f"InfoNCE_s{cfg['seeds'][0]}", cfg) if "InfoNCE" in cfg["methods"] else []

@@ -22,14 +22,15 @@ def _unit(x):
     return x / x.norm(dim=1, keepdim=True)
 
 
-def brute_nuclr_step(img, txt, idx, n, tau, gamma, lr, tables, tidx=None):
+def brute_nuclr_step(img, txt, idx, n, tau, gamma, lr, tables, tidx=None, centred=False):
     """One training step of NUCLR from the paper, float64 loops.
 
     tables: dict with linear u_img/u_txt (None entries = first visit), zeta_img/zeta_txt and
     xi_img/xi_txt as python floats per dataset index. Returns (value, surrogate, new tables);
     surrogate's autograd gradient is Eq. 15 / tau. Duplicated indices: new u averaged
     (linear), zeta gradients averaged -- the documented convention. ``tidx``: the keys of the text zeta
-    (sentence-keyed NUCLR); default the dataset index, as every other table.
+    (sentence-keyed NUCLR); default the dataset index, as every other table. ``centred``: each g_j minus the
+    mean of g over the B positions (zeta_step="centred").
     """
     keys = {"img": idx, "txt": idx if tidx is None else tidx}  # zeta tables; u is always per dataset index
     x, y = _unit(img), _unit(txt)
@@ -69,6 +70,8 @@ def brute_nuclr_step(img, txt, idx, n, tau, gamma, lr, tables, tidx=None):
                 else:
                     m += c * math.exp((float((sim[i, j] - sim[i, i]).detach()) - zeta[j]) / tau) / den
             g.append(1.0 - m)
+        if centred:
+            g = [x - sum(g) / B for x in g]
         gg = {}
         for j in range(B):
             gg.setdefault(int(keys[cand][j]), []).append(g[j])
@@ -97,8 +100,9 @@ def _value_grads(loss, img, txt, idx):
     return (v.detach(),) + torch.autograd.grad(v, (img, txt))
 
 
+@pytest.mark.parametrize("zeta_step", ["paper", "centred"])
 @pytest.mark.parametrize("duplicates", [False, True])
-def test_one_step_matches_the_paper(duplicates):
+def test_one_step_matches_the_paper(duplicates, zeta_step):
     n, B, tau, gamma, lr = 10, 6, 0.2, 0.7, 0.05
     img, txt = _emb(B, seed=1)
     idx = torch.tensor([3, 7, 0, 7, 9, 2]) if duplicates else torch.tensor([3, 7, 0, 5, 9, 2])
@@ -112,12 +116,12 @@ def test_one_step_matches_the_paper(duplicates):
         "zeta_img": zeta["img"], "zeta_txt": zeta["txt"],
         "xi_img": f32(max(zeta["img"].values()) + 0.01), "xi_txt": max(zeta["txt"].values()),
     }
-    loss = NUCLRLoss(n, tau=tau, gamma=gamma, zeta_lr=lr, zeta_init=0.0, freeze_zeta_steps=0)
+    loss = NUCLRLoss(n, tau=tau, gamma=gamma, zeta_lr=lr, zeta_init=0.0, freeze_zeta_steps=0, zeta_step=zeta_step)
     _load_tables(loss, tables, n)
     v, gi, gt = _value_grads(loss, img, txt, idx)
 
     bi, bt = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
-    value, surrogate, new = brute_nuclr_step(bi, bt, idx, n, tau, gamma, lr, tables)
+    value, surrogate, new = brute_nuclr_step(bi, bt, idx, n, tau, gamma, lr, tables, centred=zeta_step == "centred")
     bgi, bgt = torch.autograd.grad(surrogate, (bi, bt))
     torch.testing.assert_close(v, torch.tensor(value, dtype=torch.float64), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(gi, bgi, rtol=1e-8, atol=1e-12)
@@ -145,7 +149,8 @@ def test_sentence_keyed_text_tables_match_the_paper_step():
               "zeta_img": {k: f32(0.1 * float(torch.randn(1, generator=g))) for k in range(n)},
               "zeta_txt": {k: f32(0.1 * float(torch.randn(1, generator=g))) for k in range(n_txt)}}
     tables["xi_img"], tables["xi_txt"] = max(tables["zeta_img"].values()), max(tables["zeta_txt"].values())
-    loss = NUCLRLoss(n, tau=tau, gamma=gamma, zeta_lr=lr, zeta_init=0.0, freeze_zeta_steps=0, num_texts=n_txt)
+    loss = NUCLRLoss(n, tau=tau, gamma=gamma, zeta_lr=lr, zeta_init=0.0, freeze_zeta_steps=0, num_texts=n_txt,
+                     zeta_step="paper")
     assert loss.zeta_txt.shape == (n_txt,) and loss.zeta_img.shape == (n,) == loss.u_txt.shape
     _load_tables(loss, tables, n, n_txt)
     a, b = img.clone().requires_grad_(True), txt.clone().requires_grad_(True)
@@ -249,6 +254,31 @@ def test_zeta_reaches_the_eq9_fixed_point():
         mass = torch.softmax((sim - zeta[None, :]) / tau, dim=1).sum(0)
         torch.testing.assert_close(mass, torch.ones(n, dtype=torch.float64), rtol=0, atol=2e-4)
     assert float(loss.xi_txt) >= float(loss.zeta_txt.max()) and float(loss.xi_img) >= float(loss.zeta_img.max())
+
+
+def test_stale_u_drifts_every_visited_zeta_down_unless_centred():
+    """Every candidate alike (one embedding for all) and u stale (20x phi, as while phi falls in training):
+    every mass is low, so the paper step pushes every visited zeta down, most the most visited (sample 0 is in
+    every batch, the others once a round); the centred step keeps the mean of zeta where it was (its steps
+    sum to zero over a batch) and moves each zeta less."""
+    n, B, tau = 10, 4, 0.1
+    phi = (n - 1) * math.exp(0.05 / tau)  # d = 0, zeta = -0.05: phi of every anchor
+    zetas = {}
+    for zeta_step in ("paper", "centred"):
+        loss = NUCLRLoss(n, tau=tau, gamma=0.8, zeta_lr=0.05, zeta_init=-0.05, freeze_zeta_steps=0,
+                         zeta_step=zeta_step)
+        with torch.no_grad():
+            for m in ("img", "txt"):
+                loss.get_buffer(f"u_{m}").fill_(math.log(20 * phi))
+        same = torch.ones(B, 3, dtype=torch.float64)
+        for _ in range(3):
+            for batch in ([0, 1, 2, 3], [0, 4, 5, 6], [0, 7, 8, 9]):
+                loss(same, same, index=torch.tensor(batch))
+        zetas[zeta_step] = (loss.zeta_txt.double(), loss.zeta_img.double())
+    for paper, centred in zip(*zetas.values()):
+        assert float(paper.max()) < -0.05 - 0.04 and int(paper.argmin()) == 0
+        assert abs(float(centred.mean()) + 0.05) < 1e-6
+        assert float((centred + 0.05).abs().max()) < 0.1 * float((paper + 0.05).abs().min())
 
 
 def test_freeze_step_counter_and_running_max_xi():

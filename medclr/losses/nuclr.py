@@ -7,7 +7,8 @@ with the image tables), with d_ij = s_ij - s_ii, batch size B, dataset size n:
   model:  grad = (1/B) sum_i grad(phi_i) / (exp(-xi/tau) + u_i) * tau    Eq. 15, xi for the positive
   zeta:   g_j = 1 - M_j,  M_j = (n-1)/(B-1) sum_{i in B, i != j} p_ij + p_jj          (Eq. 14, see below)
           p_ij = exp((d_ij - zeta_j)/tau) / (exp(-zeta_i/tau) + u_i),  p_jj = exp(-zeta_j/tau) / (...)
-          zeta_j <- zeta_j - lr * g_j  for j in the batch, once step >= freeze_zeta_steps
+          zeta_j <- zeta_j - lr * (g_j - mean_B g)  for j in the batch, once step >= freeze_zeta_steps
+          (zeta_step="centred", the default; zeta_step="paper" steps by g_j itself, see below)
   xi     <- max(xi, max_j zeta_j)                                        Algorithm 1 line 7
 M_j estimates the total softmax mass that candidate j receives from all n anchors (positive
 term with the anchor's own zeta, as in Eq. 14), so the fixed point is Eq. 9: every candidate
@@ -18,6 +19,17 @@ lr * (n/B - 1) per visit -- harmless to the loss (Theorem 2: zeta is defined up 
 but unbounded, and it drags xi along. g_j = 1 - M_j has the same per-candidate ordering
 without the drift, and its O(1) scale keeps zeta_lr independent of n (the authors' code also
 rescales the zeta gradient by n).
+
+Centred step (zeta_step="centred"): each step subtracts the batch mean of g over the B positions. Phi is
+invariant to a common shift of zeta (Theorem 2), so its full gradient sums to zero: sum_j (1 - M_j) = 0
+when u is exact (every row's masses sum to 1), and centring removes only what is common to the batch. That
+common part is not zero in practice: u is a moving average that lags phi while the model learns (phi falls,
+u stays above it), so every mass M_j is low by the same factor and every visited zeta is pushed down by
+lr (1 - M) per visit. Where candidates are visited at unequal rates -- sentences: "No pneumothorax." is
+drawn in every tenth pair, a rare finding's sentence once an epoch -- that drift sums to a function of the
+visit count, not of popularity (measured on the CPU replication: Spearman -0.59 of zeta with the draw
+probability, -0.002 with the true frequency; docs/RESULTS.md). The centred step keeps each candidate's
+mass relative to the batch's, whose fixed point (all masses equal) is the paper's up to the shift.
 
 Scale and value: the returned scalar's gradient is the Eq. 15 direction divided by tau, i.e.
 the gradient of (1/B) sum_i log(exp(-xi/tau) + phi_i) with u in the denominator -- nats, the
@@ -65,6 +77,7 @@ from medclr.losses.functional import check_tau
 # (anchor modality, candidate modality): image anchors score texts, text anchors score images.
 _DIRECTIONS = (("img", "txt"), ("txt", "img"))
 ZETA_LR_SCHEDULES = ("constant", "cosine")
+ZETA_STEPS = ("centred", "paper")
 
 
 def cosine_after_freeze(step: int, base: float, freeze: int, total: int) -> float:
@@ -92,6 +105,7 @@ class NUCLRLoss(ContrastiveLoss):
         freeze_zeta_epochs: float | None = None,
         zeta_lr_schedule: str = "constant",
         num_texts: int | None = None,
+        zeta_step: str = "centred",
     ):
         super().__init__(normalize)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 2:
@@ -101,6 +115,9 @@ class NUCLRLoss(ContrastiveLoss):
         if not 0.0 < gamma <= 1.0:
             raise MedclrError(f"gamma: expected the moving-average weight on the new estimate in (0, 1], got {gamma!r}")
         self._check_schedule(freeze_zeta_steps, freeze_zeta_epochs, zeta_lr_schedule)
+        if zeta_step not in ZETA_STEPS:
+            raise MedclrError(f"zeta_step {zeta_step!r}: expected one of {', '.join(ZETA_STEPS)}")
+        self.zeta_step = zeta_step
         self.num_samples, self.tau, self.gamma = num_samples, check_tau(tau), float(gamma)
         self.num_texts = num_texts
         zeta_sizes = {"img": num_samples, "txt": num_samples if num_texts is None else num_texts}
@@ -225,7 +242,10 @@ class NUCLRLoss(ContrastiveLoss):
                 mass_all = all_reduce_sum(torch.stack(masses)).to(self.u_img.device)  # (2, B)
                 for k, (_anc, cand) in enumerate(_DIRECTIONS):
                     zeta, xi = getattr(self, f"zeta_{cand}"), getattr(self, f"xi_{cand}")
-                    uniq, g, _ = dedup_mean(idx_of[cand], 1.0 - mass_all[k])
+                    g_pos = 1.0 - mass_all[k]
+                    if self.zeta_step == "centred":
+                        g_pos = g_pos - g_pos.mean()
+                    uniq, g, _ = dedup_mean(idx_of[cand], g_pos)
                     lr = self.zeta_lr if cand == "txt" else self.zeta_lr_img
                     zeta[uniq] = zeta[uniq] - (lr * g).to(zeta.dtype)
                     xi.copy_(torch.maximum(xi, zeta[uniq].max()))
