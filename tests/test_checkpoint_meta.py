@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -38,7 +39,7 @@ def _nested(dotted: str, value) -> dict:
 def test_write_then_read_gives_the_same_record(tmp_path):
     path = write_metadata(tmp_path, FULL)
     raw = json.loads(path.read_text())
-    assert path.name == "checkpoint_meta.json" and raw["format_version"] == 2 and "source" not in raw
+    assert path.name == "checkpoint_meta.json" and raw["format_version"] == 3 and "source" not in raw
     assert raw["image_size"] == 480 and raw["last_loss"] == 3.989
     meta = read_metadata(tmp_path)
     assert meta == FULL
@@ -149,8 +150,8 @@ def test_an_unreadable_old_side_file_is_skipped(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ({"format_version": 3, "image_size": 64}, r"format_version 3 is newer than this medclr reads \(2\)"),
-    ({"format_version": "1", "image_size": 64}, r"format_version '1', expected an integer from 1 to 2"),
+    ({"format_version": 4, "image_size": 64}, r"format_version 4 is newer than this medclr reads \(3\)"),
+    ({"format_version": "1", "image_size": 64}, r"format_version '1', expected an integer from 1 to 3"),
     ({"image_size": 64}, r"format_version None, expected an integer"),
     ({"format_version": 1, "resize": 64}, r"required field 'image_size' is missing"),
     ({"format_version": 1, "image_size": None}, r"required field 'image_size' is missing"),
@@ -217,3 +218,35 @@ def test_sentence_keyed_zeta_is_read_per_sentence(tmp_path):
     assert stats.sentence_zeta("No   pneumothorax.") == pytest.approx(0.2)  # whitespace-normalised, as the hash
     assert stats.sentence_zeta("Not a training sentence.") is None
     assert stats.zeta(10) == {"img": pytest.approx(0.5)} and stats.zeta(11) == {"img": pytest.approx(0.7)}
+
+
+def test_inspector_eta_is_the_eta_training_used(tmp_path):
+    """The inspector reads the eta table through medclr.lm (its sentence_hash column) and, where training
+    recomputed eta from the PLL (the checkpoint's eta_override), shows that eta, not the table's column."""
+    import pandas as pd
+
+    from medclr.data.text import sentence_hash
+    from medclr.inference.stats import SentenceStats
+    from medclr.lm.eta import TABLE_COLUMNS, eta_from_pll, write_eta_table
+
+    sentences = ["No pneumothorax.", "Large right pneumothorax."]
+    pll = np.array([-3.0, -12.0])
+    table = pd.DataFrame({"sentence_hash": [sentence_hash(s) for s in sentences], "sentence": sentences,
+                          "count": [5, 1], "n_tokens": [4, 6], "n_scored": [4, 6], "pll": pll,
+                          "pll_per_token": pll / [4, 6], "eta": [0.11, 0.02]})[TABLE_COLUMNS]
+    path = write_eta_table(table, tmp_path / "eta.parquet", {"norm": "sum", "eta_max": 0.5})
+    own = SentenceStats.from_checkpoint(None, str(path))
+    assert [own.eta(s) for s in sentences] == pytest.approx([0.11, 0.02])
+    override = {"a": 0.5, "k": 0.2, "eta_max": 0.25}
+    redone = SentenceStats.from_checkpoint(None, str(path), override)
+    want = eta_from_pll(pll, a=0.5, k=0.2, eta_max=0.25)
+    assert [redone.eta(s) for s in sentences] == pytest.approx(list(want)) and want[0] == 0.25 > want[1]
+
+
+def test_checkpoint_records_the_eta_override_it_trained_with():
+    from medclr.training.checkpoint import _eta_override
+
+    cfg = {"loss": {"eta_source": "lm"}, "data": {"eta_a": 0.2, "eta_k": 0.35, "eta_max": 0.5}}
+    assert _eta_override(cfg) == {"a": 0.2, "k": 0.35, "eta_max": 0.5}
+    assert _eta_override({**cfg, "loss": {"eta_source": "true"}}) is None
+    assert _eta_override({**cfg, "data": {"eta_a": None, "eta_k": None, "eta_max": 0.5}}) is None

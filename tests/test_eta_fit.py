@@ -228,8 +228,9 @@ def fake_scorer(monkeypatch):
 
 
 def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
-    from medclr.lm.eta import read_eta_table, score_manifest, write_eta_table
+    from medclr.lm.eta import read_eta_table, write_eta_table
     from medclr.lm.eta_fit import fit_eta_meaning
+    from medclr.lm.score import score_manifest
 
     manifest, table = _corpus()
     out = tmp_path / "eta.parquet"
@@ -257,7 +258,8 @@ def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
 
 
 def test_training_reads_fitted_and_old_tables(fake_scorer, tmp_path):
-    from medclr.lm.eta import read_eta_table, score_manifest, write_eta_table
+    from medclr.lm.eta import read_eta_table, write_eta_table
+    from medclr.lm.score import score_manifest
     from medclr.training.data import _eta_from_table
 
     manifest, _ = _corpus()

@@ -221,7 +221,15 @@ def checkpoint_meta(trainer_state: dict, loss: torch.nn.Module) -> CheckpointMet
         eta_source=cfg["loss"].get("eta_source"), eta_table=_absolute(cfg["data"].get("eta")),
         manifest=_absolute(cfg["data"]["manifest"]), split=cfg["data"]["split"], data_fingerprint=st["fingerprint"],
         n_train=st["n_train"], global_batch=st["global_batch"], step=st["step"], total_steps=st["total_steps"],
-        last_loss=st["last_loss"], findings=st.get("findings"))
+        last_loss=st["last_loss"], findings=st.get("findings"), eta_override=_eta_override(cfg))
+
+
+def _eta_override(cfg: dict) -> dict | None:
+    """The a, k, eta_max training recomputed eta with (data.eta_a / eta_k), for readers of the eta table."""
+    d = cfg["data"]
+    if cfg["loss"].get("eta_source") != "lm" or d.get("eta_a") is None:
+        return None
+    return {"a": float(d["eta_a"]), "k": float(d["eta_k"]), "eta_max": float(d["eta_max"])}
 
 
 def _absolute(path: str | None) -> str | None:

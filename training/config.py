@@ -271,8 +271,15 @@ def validate(cfg: dict) -> dict:
         raise MedclrError(f"config hard_negatives.kinds {kinds!r}: expected a list of {', '.join(KINDS)}")
     if not isinstance(cfg["hard_negatives"]["weight"], (int, float)) or cfg["hard_negatives"]["weight"] < 0:
         raise MedclrError(f"config hard_negatives.weight {cfg['hard_negatives']['weight']!r}: expected a number >= 0")
-    if (cfg["data"]["eta_a"] is None) != (cfg["data"]["eta_k"] is None):
-        raise MedclrError("config data.eta_a / data.eta_k: set both (eta = a * exp(k * pll)) or neither")
+    from medclr.lm.eta import DEFAULT_ETA_MAX, check_eta_override
+
+    d = cfg["data"]
+    if d["eta_max"] is None:
+        d["eta_max"] = DEFAULT_ETA_MAX
+    try:
+        check_eta_override(d["eta_a"], d["eta_k"], float(d["eta_max"]))
+    except (MedclrError, TypeError, ValueError) as exc:
+        raise MedclrError(f"config data.eta_a / eta_k / eta_max: {exc}") from None
     _validate_loss(cfg)
     return cfg
 

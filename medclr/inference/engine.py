@@ -299,6 +299,7 @@ class Inference:
     @property
     def stats(self) -> SentenceStats:
         if self._stats is None:
-            eta_table = self.meta.eta_table if self.meta is not None else None
-            self._stats = SentenceStats.from_checkpoint(self.checkpoint_dir, eta_table)
+            meta = self.meta
+            self._stats = SentenceStats.from_checkpoint(self.checkpoint_dir, meta and meta.eta_table,
+                                                        meta and meta.eta_override)
         return self._stats

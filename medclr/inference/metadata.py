@@ -33,13 +33,13 @@ from medclr.inference.preprocess import DEFAULT_IMAGE_SIZE
 log = logging.getLogger(__name__)
 
 METADATA_NAME = "checkpoint_meta.json"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 LOSS_STATE_NAME = "loss_state.safetensors"
 
 
 @dataclass(frozen=True)
 class CheckpointMeta:
-    """Version 2 of ``checkpoint_meta.json``. Only ``image_size`` is required; unknown facts are None."""
+    """Version 3 of ``checkpoint_meta.json``. Only ``image_size`` is required; unknown facts are None."""
 
     image_size: int  # C: the centre crop the model sees (training's data.crop)
     resize: int | None = None  # R: the shorter side before the crop (None: R = C)
@@ -58,6 +58,9 @@ class CheckpointMeta:
     # Version 2: which findings the model reads, from the end-of-training validation (medclr.findings:
     # per finding AUC with CI, direction, Platt calibration); None = not validated.
     findings: dict | None = None
+    # Version 3: the eta trained on when training recomputed it from the table's PLL (data.eta_a / eta_k):
+    # {"a", "k", "eta_max"}; None = the table's own eta column (or no eta at all).
+    eta_override: dict | None = None
     # Not written: which file gave each field (``checkpoint_meta.json``, or an old side file).
     source: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -111,8 +114,8 @@ def migrate(directory: Path, raw: Mapping[str, Any] | None) -> tuple[dict[str, A
     """Lift a record of any earlier version to :data:`FORMAT_VERSION`: (record, field -> file it came from).
 
     ``raw`` is the content of ``checkpoint_meta.json``, or None where the checkpoint has none (version 0:
-    the side files). Version 1 -> 2 added ``findings`` (None: not validated). A later version adds its step
-    here (``if version == 2: raw = _v2_to_v3(raw)``)."""
+    the side files). Version 1 -> 2 added ``findings`` (None: not validated), 2 -> 3 ``eta_override`` (None: the
+    eta table's own column). A later version adds its step here."""
     if raw is None:
         return _from_side_files(directory)
     version = raw.get("format_version")
@@ -124,7 +127,9 @@ def migrate(directory: Path, raw: Mapping[str, Any] | None) -> tuple[dict[str, A
                           "upgrade medclr to load this checkpoint")
     record = dict(raw)
     if version == 1:
-        record.update(format_version=2, findings=None)
+        record.update(findings=None)
+    if version <= 2:
+        record.update(format_version=3, eta_override=None)
     return record, {k: METADATA_NAME for k, v in raw.items() if v is not None and k != "format_version"}
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from medclr.errors import MedclrError
 from medclr.inference.checkpoint import LOSS_STATE_NAME, SAMPLE_INDEX_KEY, TEXT_HASH_KEY, hash_to_int
 
 log = logging.getLogger(__name__)
@@ -56,15 +55,17 @@ class SentenceStats:
         return out or None
 
     @classmethod
-    def from_checkpoint(cls, directory: Path | None, eta_table: str | None) -> SentenceStats:
-        """eta from ``eta_table`` (the checkpoint's recorded one), zeta from the directory's loss state."""
+    def from_checkpoint(cls, directory: Path | None, eta_table: str | None,
+                        eta_override: dict | None = None) -> SentenceStats:
+        """eta from ``eta_table`` (the checkpoint's recorded one; recomputed with the checkpoint's ``eta_override``
+        where training recomputed it), zeta from the directory's loss state."""
         eta: dict[str, float] = {}
         zeta: dict[str, dict[int, float]] = {}
         sentence_zeta: dict[int, float] = {}
         path = eta_table
         if path and Path(path).is_file():
             try:
-                eta = _read_eta_table(Path(path))
+                eta = _read_eta_table(Path(path), eta_override)
             except Exception as exc:  # noqa: BLE001 - the inspector degrades, the app keeps running
                 log.warning("eta table %s unreadable (%s); eta not shown", path, type(exc).__name__)
         if directory is not None and (Path(directory) / LOSS_STATE_NAME).is_file():
@@ -97,13 +98,13 @@ class SentenceStats:
         return cls(eta, zeta, str(path) if eta else None, sentence_zeta)
 
 
-def _read_eta_table(path: Path) -> dict[str, float]:
-    import pandas as pd
+def _read_eta_table(path: Path, override: dict | None) -> dict[str, float]:
+    """sentence hash -> the eta training used: the table's column, or recomputed as training did (``override``:
+    the checkpoint's ``eta_override``)."""
+    from medclr.lm.eta import apply_eta, read_eta_table
 
-    from medclr.data.text import sentence_hash
-
-    df = pd.read_parquet(path)
-    if "eta" not in df:
-        raise MedclrError(f"{path}: eta table has no 'eta' column")
-    keys = df["hash"].astype(str) if "hash" in df else df["sentence"].astype(str).map(sentence_hash)
-    return dict(zip(keys, df["eta"].astype(float)))
+    table, meta = read_eta_table(path)
+    if override is not None:
+        table, _ = apply_eta(table, a=override["a"], k=override["k"], norm=meta.get("norm", "sum"),
+                             eta_max=override["eta_max"])
+    return dict(zip(table["sentence_hash"].astype(str), table["eta"].astype(float)))

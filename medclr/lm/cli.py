@@ -223,8 +223,8 @@ def run_fit(args: argparse.Namespace) -> int:
 
 def run_score(args: argparse.Namespace) -> int:
     from medclr.data.manifest import read_manifest
-    from medclr.lm.eta import score_manifest
     from medclr.lm.load import load_masked_lm
+    from medclr.lm.score import score_manifest
 
     if args.batch_size < 1 or args.max_batch_tokens < 1:
         raise MedclrError("--batch-size and --max-batch-tokens must be positive")

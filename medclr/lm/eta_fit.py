@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from medclr.errors import MedclrError
-from medclr.lm.eta import DEFAULT_A, DEFAULT_ETA_MAX, DEFAULT_K, check_eta_params, log_p, manifest_sentences
+from medclr.lm.eta import DEFAULT_A, DEFAULT_ETA_MAX, DEFAULT_K, check_eta_override, log_p, manifest_sentences
 
 log = logging.getLogger(__name__)
 
@@ -224,9 +224,7 @@ def check_eta_choice(method: str, a: float | None, k: float | None, eta_max: flo
     """The rules for choosing eta: a known method, a and k given together (then valid), a valid eta_max."""
     if method not in METHODS:
         raise MedclrError(f"eta fit {method!r}; expected one of {METHODS}")
-    if (a is None) != (k is None):
-        raise MedclrError("give both a and k (eta = a * p^k), or neither to use the eta fit")
-    check_eta_params(DEFAULT_A if a is None else a, DEFAULT_K if k is None else k, eta_max)
+    check_eta_override(a, k, eta_max)
 
 
 # Below this Spearman (the LM's log p of a meaning against how often the corpus states it) the fit is warned

@@ -1,0 +1,142 @@
+"""`medclr lm score`: every distinct sentence of a manifest scored by a masked LM and written as the eta table.
+
+The pipeline above the table (``medclr.lm.eta``: the formula and the file) and the calibration
+(``medclr.lm.eta_fit``): PLLs cached by model fingerprint, eta calibrated, the table rewritten
+every ``checkpoint_every`` new sentences so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from medclr.errors import MedclrError
+from medclr.lm.eta import (
+    DEFAULT_ETA_MAX,
+    PLL_COMPAT_KEYS,
+    TABLE_COLUMNS,
+    log_p,
+    manifest_sentences,
+    read_eta_table,
+    write_eta_table,
+)
+from medclr.lm.eta_fit import check_eta_choice, eta_of_table, resolve_eta_params
+
+log = logging.getLogger(__name__)
+
+
+def score_manifest(
+    manifest: pd.DataFrame,
+    model,
+    tokenizer,
+    out: str | os.PathLike,
+    *,
+    model_name: str = "",
+    split: str | None = None,
+    a: float | None = None,
+    k: float | None = None,
+    eta_fit: str = "meaning",
+    fit_split: str | None = "train",
+    sampling: dict | None = None,
+    norm: str = "sum",
+    eta_max: float = DEFAULT_ETA_MAX,
+    word_l2r: bool = False,
+    long: str = "window",
+    batch_size: int = 64,
+    max_batch_tokens: int = 32768,
+    rescore: bool = False,
+    checkpoint_every: int = 20000,
+    device=None,
+    progress: bool = True,
+) -> dict:
+    """Score every distinct sentence of ``manifest`` not yet in ``out`` and (re)write the table there.
+
+    The table is rewritten after each block of ``checkpoint_every`` new
+    sentences, so an interrupted run resumes where it stopped. Returns a summary dict.
+
+    a, k: given together, eta = a * p^k with them; else ``eta_fit`` calibrates eta
+    (``medclr.lm.eta_fit``): ``"meaning"`` (default) maps the LM's probability of the sentence's
+    meaning to how often that meaning occurs among the ``fit_split`` rows' pairs (drawn as
+    ``sampling`` says: ``medclr.data.pairs.pair_probabilities`` keywords, default uniform),
+    ``"sentence"`` fits a, k on the sentence's own PLL, ``"paper"`` takes 0.2 and 0.35.
+    """
+    from medclr.lm.load import model_fingerprint
+    from medclr.lm.pll import model_max_length, score_sentences
+
+    check_eta_choice(eta_fit, a, k, eta_max)
+    log_p([0.0], [1], norm)  # validates norm
+    t0 = time.monotonic()
+    st = manifest_sentences(manifest, split)
+    if st.empty:
+        raise MedclrError("the manifest has no sentences to score")
+    first = st.drop_duplicates("sentence_hash")
+    counts = st["sentence_hash"].value_counts()
+    current = pd.DataFrame({"sentence_hash": first["sentence_hash"].to_numpy(),
+                            "sentence": first["sentence"].to_numpy()})
+    current["count"] = counts.reindex(current["sentence_hash"]).to_numpy().astype(np.int64)
+    max_length = int(model_max_length(model, tokenizer))
+    compat = {"fingerprint": model_fingerprint(model, tokenizer), "pll_variant": "word_l2r" if word_l2r else "original",
+              "long": long, "max_length": max_length}
+    out = Path(out)
+    cached = pd.DataFrame(columns=["sentence_hash", "n_tokens", "n_scored", "pll"])
+    extra = pd.DataFrame(columns=TABLE_COLUMNS)
+    if out.exists() and not rescore:
+        old, old_meta = read_eta_table(out)
+        changed = [key for key in PLL_COMPAT_KEYS if old_meta.get(key) != compat[key]]
+        if changed:
+            log.warning("%s was scored with a different %s; rescoring all sentences", out, " and ".join(changed))
+        else:
+            cached = old[["sentence_hash", "n_tokens", "n_scored", "pll"]]
+            extra = old[~old["sentence_hash"].isin(current["sentence_hash"])].assign(count=0)
+    known = current.merge(cached, on="sentence_hash", how="left")
+    todo = np.flatnonzero(known["pll"].isna().to_numpy())
+    log.info("%d sentences (%d distinct) in the manifest; %d already scored, %d to score with %s",
+             len(st), len(current), len(current) - len(todo), len(todo), model_name or type(model).__name__)
+    meta = {**compat, "model": model_name, "norm": norm, "eta_max": eta_max}
+
+    def write(table):
+        done = table[table["pll"].notna()]
+        full = pd.concat([done, extra], ignore_index=True) if len(extra) else done
+        full = full.astype({"count": "int64", "n_tokens": "int64", "n_scored": "int64", "pll": "float64"})
+        params = resolve_eta_params(full, manifest, method=eta_fit, a=a, k=k, split=fit_split, norm=norm,
+                                    sampling=sampling, eta_max=eta_max)
+        full = full.copy()
+        full["pll_per_token"] = full["pll"] / np.maximum(full["n_scored"].to_numpy(), 1)
+        full["eta"], n_clip = eta_of_table(full, params, norm=norm, eta_max=eta_max)
+        write_eta_table(full, out, {**meta, "a": params.get("a"), "k": params.get("k"), "n_clipped": n_clip,
+                                    "eta_params": params})
+        return full, n_clip, params
+
+    for b0 in range(0, len(todo), max(1, checkpoint_every)):
+        block = todo[b0 : b0 + checkpoint_every]
+        res = score_sentences(known["sentence"].to_numpy()[block].tolist(), model, tokenizer, batch_size,
+                              word_l2r=word_l2r, long=long, max_batch_tokens=max_batch_tokens, device=device,
+                              progress=progress)
+        known.loc[block, "pll"] = res.pll
+        known.loc[block, "n_tokens"] = res.n_tokens
+        known.loc[block, "n_scored"] = res.n_scored
+        if b0 + checkpoint_every < len(todo):
+            write(known)
+    table, n_clip, params = write(known)
+    fit = params["fit"]
+    if "error" not in fit:
+        log.info("eta (%s fit) against the meaning frequency of the %s rows' pairs: Spearman(log p, frequency) %.2f "
+                 "over %d pairs, %d meanings; mean eta %.3g vs mean frequency %.3g; %s", fit["method"], fit["split"],
+                 fit["spearman_logp_target"], fit["n_pairs"], fit["n_keys"], fit["mean_eta"], fit["mean_target"],
+                 "used" if params["source"] == fit["method"] else f"not used: eta from a, k ({params['source']})")
+    if n_clip:
+        log.warning("%d sentences had eta > eta_max = %g and were clipped", n_clip, eta_max)
+    eta = table.loc[table["count"] > 0, "eta"]
+    summary = {"out": str(out), "sentences": len(st), "distinct": len(current), "scored": int(len(todo)),
+               "cached": int(len(current) - len(todo)), "clipped": n_clip, "seconds": round(time.monotonic() - t0, 1),
+               "a": params.get("a"), "k": params.get("k"), "eta_params": params["source"],
+               "eta_quantiles": {q: float(eta.quantile(q)) for q in (0.0, 0.1, 0.5, 0.9, 1.0)}}
+    log.info("wrote %s: %d sentences; eta median %.3g (10%%: %.3g, 90%%: %.3g); %.1f s", out, len(table),
+             summary["eta_quantiles"][0.5], summary["eta_quantiles"][0.1], summary["eta_quantiles"][0.9],
+             summary["seconds"])
+    return summary
