@@ -27,10 +27,10 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from medclr.data.groundtruth import GROUND_TRUTH_FILE, attach_ground_truth  # the table `medclr phantom` writes
 from medclr.errors import MedclrError
 from medclr.evaluation import grounding as G
 from medclr.models.image import ImageFeatures
-from medclr.phantom.writer import GROUND_TRUTH_FILE  # written by `medclr phantom`
 
 log = logging.getLogger(__name__)
 MSCXR_GLOB = "MS_CXR_Local_Alignment_v*.csv"
@@ -84,7 +84,7 @@ def load_eval_data(path: str | os.PathLike) -> EvalData:
         if found:
             msrc = str(found[-1])  # the newest version when several are there
             mscxr = _attach_mscxr(df, read_mscxr(found[-1]), msrc, notes)
-        return attach_ground_truth(EvalData(df, mscxr, str(p), msrc, notes))
+        return add_latent_classes(EvalData(df, mscxr, str(p), msrc, notes))
     if p.is_file():
         from medclr.data.manifest import read_manifest
 
@@ -105,23 +105,21 @@ def load_eval_data(path: str | os.PathLike) -> EvalData:
                 boxes["phrase_id"] = boxes.groupby(["dicom_id", "label_text"], sort=False).ngroup()
             msrc = str(beside)
             mscxr = _attach_mscxr(df, boxes, msrc, notes)
-        return attach_ground_truth(EvalData(df, mscxr, str(p), msrc, notes))
+        return add_latent_classes(EvalData(df, mscxr, str(p), msrc, notes))
     raise MedclrError(f"--data {str(p)!r}: no such file or directory (expected a manifest .parquet or a "
                       "MIMIC-CXR-JPG / CXR-Phantom root)")
 
 
-def attach_ground_truth(data: EvalData) -> EvalData:
+def add_latent_classes(data: EvalData) -> EvalData:
     """CXR-Phantom: when the manifest lacks ``latent_class`` (``medclr prepare --mimic`` does not
     carry it), join it by ``dicom_id`` from ``phantom_ground_truth.parquet`` in the image root
-    (:func:`medclr.phantom.groundtruth.attach_ground_truth`; rows it lacks get NaN). Optional: a
+    (:func:`medclr.data.groundtruth.attach_ground_truth`; rows it lacks get NaN). Optional: a
     table that cannot be joined only loses the latent-class probe, with a note."""
-    from medclr.phantom.groundtruth import attach_ground_truth as attach
-
     gt = data.root / GROUND_TRUTH_FILE
     if "latent_class" in data.manifest.columns or not gt.is_file():
         return data
     try:
-        data.manifest = attach(data.manifest, gt, columns=("latent_class", "latent_class_prob"), require="none")
+        data.manifest = attach_ground_truth(data.manifest, gt, columns=("latent_class", "latent_class_prob"), require="none")
     except MedclrError as exc:
         data.notes.append(f"{exc}; no latent-class probe")
         return data
@@ -372,5 +370,5 @@ def encode(model: Model, data: EvalData, rows: np.ndarray, keep_regions: set[int
                    cat(glob) if glob else np.zeros((0, d), np.float32), cat(pos), cat(neg), regions, sizes, failed)
 
 
-__all__ = ["EvalData", "Encoded", "Model", "encode", "Phrases", "attach_ground_truth", "control_pairs",
+__all__ = ["EvalData", "Encoded", "Model", "encode", "Phrases", "add_latent_classes", "control_pairs",
            "has_two_label_values", "labels", "load_eval_data", "phrases", "prompt_set", "split_rows", "top_classes"]

@@ -1,4 +1,4 @@
-"""One join of a phantom's ground truth (medclr.phantom.groundtruth.attach_ground_truth) behind its three
+"""One join of a phantom's ground truth (medclr.data.groundtruth.attach_ground_truth) behind its three
 callers: `medclr prepare` (defaults), `medclr lm calibrate` and `medclr eval` (issue 16)."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from medclr.data.groundtruth import GROUND_TRUTH_FILE, attach_ground_truth
 from medclr.errors import MedclrError
-from medclr.phantom.groundtruth import attach_ground_truth
-from medclr.phantom.writer import GROUND_TRUTH_FILE
 
 
 @pytest.fixture
@@ -45,7 +44,10 @@ def test_defaults_join_every_row_and_keep_order_index_attrs(phantom_dir):
 
 
 def test_lm_calibrate_keys_and_partial_matches(phantom_dir):
-    from medclr.lm.calibrate import attach_ground_truth as calibrate_join
+    from medclr.lm.calibrate import GROUND_TRUTH_JOIN
+
+    def calibrate_join(manifest, path):
+        return attach_ground_truth(manifest, path, **GROUND_TRUTH_JOIN)
 
     # dicom_id empty in the manifest: study_id is the key; an unmatched row gets NaN
     out = calibrate_join(_manifest(["", ""], ["s1", "s9"]), phantom_dir / GROUND_TRUTH_FILE)
@@ -56,7 +58,7 @@ def test_lm_calibrate_keys_and_partial_matches(phantom_dir):
 
 
 def test_eval_joins_when_absent_and_notes_a_broken_table(phantom_dir):
-    from medclr.evaluation.data import EvalData, attach_ground_truth as eval_join
+    from medclr.evaluation.data import EvalData, add_latent_classes as eval_join
 
     df = _manifest(["d1", "zz"]).drop(columns=["latent_class"])
     df.attrs["root"] = str(phantom_dir)

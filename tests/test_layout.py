@@ -10,8 +10,9 @@
   medclr.evaluation), bench/ and tests/ use the core (medclr/), never the reverse; inside the core
   medclr.io <- medclr.data <- medclr.phantom, and medclr.models / medclr.losses know no files; no
   import cycle inside a package (the last, medclr.lm's eta <-> eta_fit, went when `lm score`'s pipeline
-  moved to medclr.lm.score; ``CYCLES_LEFT`` would name one that has to stay for a while). The `medclr` command finds its subcommands through
-  the ``medclr.commands`` entry points (pyproject), so the core names no outer module.
+  moved to medclr.lm.score; ``CYCLES_LEFT`` would name one that has to stay for a while). The `medclr`
+  command finds its subcommands through the ``medclr.commands`` entry points (pyproject), so the core
+  names no outer module.
 
 Why an own checker rather than import-linter: import-linter (grimp) builds its graph from import
 statements only, and a back-arrow by string (``importlib.import_module("medclr.app.cli")``, a

@@ -468,14 +468,15 @@ def test_calibrate_against_rho_sent(tmp_path):
     assert len(pd.read_csv(tmp_path / "cal" / "per_key.csv")) == res["n_keys"]
     assert set(res["reliability"]) == {"table", "sentence_fit", "string_fit", "paper"}
     # ground truth from a separate table (the phantom's), joined on dicom_id
-    from medclr.lm.calibrate import attach_ground_truth
+    from medclr.data.groundtruth import attach_ground_truth
+    from medclr.lm.calibrate import GROUND_TRUTH_JOIN
 
     ids = [f"d{i}" for i in range(120)]
     manifest["dicom_id"] = ids
     prior = manifest["latent_class_prob"].tolist()
     pd.DataFrame({"dicom_id": ids[::-1], "latent_class": ["c"] * 120, "latent_class_prob": prior[::-1]}).to_parquet(
         tmp_path / "gt.parquet")
-    joined = attach_ground_truth(manifest.drop(columns=list(GROUND_TRUTH)), tmp_path / "gt.parquet")
+    joined = attach_ground_truth(manifest.drop(columns=list(GROUND_TRUTH)), tmp_path / "gt.parquet", **GROUND_TRUTH_JOIN)
     assert joined["latent_class_prob"].tolist() == prior
     with pytest.raises(MedclrError, match="not found"):
-        attach_ground_truth(manifest, tmp_path / "missing.parquet")
+        attach_ground_truth(manifest, tmp_path / "missing.parquet", **GROUND_TRUTH_JOIN)

@@ -133,7 +133,7 @@ def _eta_study_prior(rows, manifest: str) -> list[np.ndarray]:
     col = "latent_class_prob"
     if col not in rows:
         raise MedclrError(f"{manifest}: loss.eta_source=study_prior needs the manifest column {col!r} "
-                          "(CXR-Phantom ground truth: medclr.phantom.attach_ground_truth)")
+                          "(CXR-Phantom ground truth: medclr.data.groundtruth.attach_ground_truth)")
     p = rows[col].to_numpy(dtype=np.float64)
     if np.isnan(p).any() or p.min() < 0 or p.max() >= 1:
         raise MedclrError(f"{manifest}: column {col!r} must hold class probabilities in [0, 1) on every training row")

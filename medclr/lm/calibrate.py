@@ -53,13 +53,9 @@ QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 RELIABILITY_BINS = 10
 
 
-def attach_ground_truth(manifest: pd.DataFrame, path: str | os.PathLike) -> pd.DataFrame:
-    """Add latent_class / latent_class_prob from a ground-truth parquet (or a phantom folder), joined on
-    dicom_id (else study_id); rows without ground truth get NaN, but some row must match.
-    :func:`medclr.data.groundtruth.attach_ground_truth` with calibration's parameters."""
-    from medclr.data.groundtruth import attach_ground_truth as attach
-
-    return attach(manifest, path, columns=GROUND_TRUTH, keys=("dicom_id", "study_id"), require="any")
+# How `lm calibrate --ground-truth` joins a phantom's table (medclr.data.groundtruth.attach_ground_truth):
+# latent_class / latent_class_prob on dicom_id, else study_id; rows without ground truth get NaN, but some must match.
+GROUND_TRUTH_JOIN = {"columns": GROUND_TRUTH, "keys": ("dicom_id", "study_id"), "require": "any"}
 
 
 def misspecification(eta, rho, weights=None) -> float:

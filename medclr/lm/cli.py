@@ -252,9 +252,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     manifest = read_manifest(args.manifest)
     if args.ground_truth:
-        from medclr.lm.calibrate import attach_ground_truth
+        from medclr.data.groundtruth import attach_ground_truth
+        from medclr.lm.calibrate import GROUND_TRUTH_JOIN
 
-        manifest = attach_ground_truth(manifest, args.ground_truth)
+        manifest = attach_ground_truth(manifest, args.ground_truth, **GROUND_TRUTH_JOIN)
     table, meta = read_eta_table(args.eta)
     given = {"sentence_sampling": args.sentence_sampling, "other_weight": args.other_sentence_weight,
              "study_sampling": args.study_sampling, "study_balance": args.study_balance}

@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 from PIL import Image, ImageDraw
 
+from medclr.data.groundtruth import read_ground_truth
 from medclr.phantom import vocab as V
-from medclr.phantom.groundtruth import false_negative_rates, read_ground_truth
+from medclr.phantom.groundtruth import false_negative_rates
 from medclr.phantom.material import load_material
 from medclr.phantom.plan import plan_study
 from medclr.phantom.renderer import render

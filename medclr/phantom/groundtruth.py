@@ -1,16 +1,9 @@
-"""The false-negative rates a phantom's latent classes imply; its ground truth read back and joined to
-manifests lives in :mod:`medclr.data.groundtruth` (re-exported here)."""
+"""The false-negative rates a phantom's latent classes imply. Its ground truth read back and joined to
+manifests lives in :mod:`medclr.data.groundtruth` (``medclr.phantom`` hands those names on)."""
 
 from __future__ import annotations
 
 import numpy as np
-
-from medclr.data.groundtruth import (
-    GROUND_TRUTH_COLUMNS as GROUND_TRUTH_COLUMNS,
-    GROUND_TRUTH_FILE as GROUND_TRUTH_FILE,
-    attach_ground_truth as attach_ground_truth,
-    read_ground_truth as read_ground_truth,
-)
 
 
 def false_negative_rates(prob: np.ndarray, batch: int = 64) -> dict[str, np.ndarray]:
