@@ -7,7 +7,7 @@ pure metric functions of ``medclr.evaluation.grounding/retrieval/zeroshot/probe`
 no task. Choices made by the tasks (written down in ``docs/evaluation.md``, section "The runner"):
 
 * zero-shot score = the checkpoint's own image-sentence score (its similarity head, what the loss
-  was trained on; for a cosine head that is ``zeroshot.zero_shot_scores`` on global embeddings);
+  was trained on; for a cosine head that is ``zeroshot.cosine_zero_shot_scores`` on global embeddings);
 * grounding map = the head's region-sentence cosines, ``upsample_map`` with the exact resize/crop
   geometry of ``medclr.inference`` preprocessing (BioViL smoothing 1.5 cells), at original size;
 * retrieval = RoIAlign (``torchvision.ops.roi_align``, aligned, 3x3 bins, 2x2 samples per bin) of

@@ -54,7 +54,7 @@ def retrieval_scores(box_feats, text) -> np.ndarray:
     return (a @ torch.nn.functional.normalize(text.float(), dim=-1).T).cpu().numpy().astype(np.float64)
 
 
-def retrieval_metrics(model, enc, ph, text):
+def phrase_retrieval(model, enc, ph, text):
     """(block, per-phrase ranks): R@K/MedR both ways, chance, the text-level view; ``block["_examples"]``
     keeps (phrase order, scores) for the figure."""
     import pandas as pd
@@ -165,7 +165,7 @@ class Retrieval(Task):
         return None if len(inp.phrases) > 1 else "fewer than 2 MS-CXR phrases"
 
     def run(self, inp):
-        return retrieval_metrics(inp.model, inp.enc, inp.phrases, inp.phrase_text())
+        return phrase_retrieval(inp.model, inp.enc, inp.phrases, inp.phrase_text())
 
     def summary(self, r):
         return {"Recall": r["Recall"], "MedR": r["MedR"]}

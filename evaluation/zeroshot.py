@@ -7,7 +7,7 @@ Protocol (``docs/evaluation.md``, section "Zero-shot"):
   embeddings, then L2-normalised (:func:`class_text_embedding` = ``medclr.prompts.reduce_prompts``);
 * the runner's scores are the checkpoint's own head score with each reduced side
   (``medclr.prompts.zero_shot_scores``, as training's validation AUC); for a cosine head that is
-  :func:`zero_shot_scores` here, the cosine of the global embeddings;
+  :func:`cosine_zero_shot_scores` here, the cosine of the global embeddings;
 * score = cos(image, positive) − cos(image, negative); AUC = ``roc_auc_score`` of that score;
   the prediction is positive iff cos(image, positive) > cos(image, negative) (a tie is
   negative); ACC = ``accuracy_score`` of that prediction;
@@ -44,7 +44,7 @@ __all__ = [
     "load_prompts",
     "validate_prompts",
     "zero_shot_metrics",
-    "zero_shot_scores",
+    "cosine_zero_shot_scores",
 ]
 
 #: class -> {"positive": [...], "negative": [...]}; PAPER_PROMPTS is Table 2 of the sample-specific
@@ -132,7 +132,7 @@ def class_text_embedding(prompt_embeddings: np.ndarray) -> np.ndarray:
     return reduce_prompts(torch.from_numpy(np.asarray(prompt_embeddings, dtype=np.float64))).numpy()
 
 
-def zero_shot_scores(
+def cosine_zero_shot_scores(
     image_embeddings: np.ndarray,
     prompt_embeddings: Mapping[str, tuple[np.ndarray, np.ndarray]],
     classes: Sequence[str] | None = None,

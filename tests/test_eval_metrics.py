@@ -33,9 +33,9 @@ from medclr.evaluation.zeroshot import (
     PAPER_PROMPTS,
     PromptFileError,
     class_text_embedding,
+    cosine_zero_shot_scores,
     load_prompts,
     zero_shot_metrics,
-    zero_shot_scores,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -310,7 +310,7 @@ def test_prompt_embedding_is_mean_then_normalised():
     e = np.array([[3.0, 0.0], [0.0, 1.0]])
     np.testing.assert_allclose(class_text_embedding(e), np.array([1.5, 0.5]) / np.linalg.norm([1.5, 0.5]))
     img = np.array([[1.0, 0.0], [0.0, 2.0]])
-    pos, neg = zero_shot_scores(img, {"A": (e, np.array([[0.0, 1.0]]))})
+    pos, neg = cosine_zero_shot_scores(img, {"A": (e, np.array([[0.0, 1.0]]))})
     assert pos.shape == (2, 1)
     assert neg[:, 0].tolist() == pytest.approx([0.0, 1.0])
 

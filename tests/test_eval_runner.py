@@ -171,10 +171,10 @@ def test_cli_writes_metrics_report_and_figures(small, capsys):
 
 
 def test_zero_shot_uses_the_head_score_equal_to_the_protocols_cosine(small):
-    """For a cosine head the runner's score is evaluation.zeroshot.zero_shot_scores on global embeddings."""
+    """For a cosine head the runner's score is evaluation.zeroshot.cosine_zero_shot_scores on global embeddings."""
     from medclr.evaluation.data import load_eval_data, split_rows
     from medclr.evaluation.runner import Model, encode
-    from medclr.evaluation.zeroshot import PAPER_PROMPTS, zero_shot_scores
+    from medclr.evaluation.zeroshot import PAPER_PROMPTS, cosine_zero_shot_scores
     from medclr.prompts import CHEX5_PROMPTS
 
     assert PAPER_PROMPTS is CHEX5_PROMPTS  # one prompt table for the project
@@ -183,7 +183,7 @@ def test_zero_shot_uses_the_head_score_equal_to_the_protocols_cosine(small):
     model = Model(ckpt)
     enc = encode(model, data, split_rows(data, "test"), set(), PAPER_PROMPTS, 8, 0)
     emb = {c: (model.texts(s["positive"]).numpy(), model.texts(s["negative"]).numpy()) for c, s in PAPER_PROMPTS.items()}
-    pos, neg = zero_shot_scores(enc.glob, emb, CHEX5)
+    pos, neg = cosine_zero_shot_scores(enc.glob, emb, CHEX5)
     np.testing.assert_allclose(enc.s_pos, pos, atol=1e-5)
     np.testing.assert_allclose(enc.s_neg, neg, atol=1e-5)
 

@@ -269,7 +269,7 @@ def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, 
     return final
 
 
-def load_checkpoint(ckpt: Path, *, model, loss, optimizer, scheduler, scaler, env, texts: list[str] | None = None) -> dict:
+def restore_checkpoint(ckpt: Path, *, model, loss, optimizer, scheduler, scaler, env, texts: list[str] | None = None) -> dict:
     """Restore everything saved by save_checkpoint into already-built objects; returns trainer_state."""
     from safetensors.torch import load_model
 

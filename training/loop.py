@@ -349,7 +349,7 @@ class Run:
         state = {"budget_fixed": self.cfg["train"]["max_minutes"] is None, "elapsed_s": 0.0}
         if plan.resume is None:
             return 0, state
-        state = ckpt_mod.load_checkpoint(plan.resume, model=self.model, loss=self.loss, optimizer=self.optimizer,
+        state = ckpt_mod.restore_checkpoint(plan.resume, model=self.model, loss=self.loss, optimizer=self.optimizer,
                                          scheduler=self.scheduler, scaler=self.scaler, env=env, texts=plan.table.texts)
         step = int(state["step"])
         if not state.get("rng_restored"):
