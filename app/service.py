@@ -34,7 +34,7 @@ import numpy as np
 from medclr.app import render, tempdir
 from medclr.errors import MedclrError
 from medclr.inference.heatmap import MIN_MAP_RANGE, SMOOTH_SIGMA, has_localised_signal, map_range
-from medclr.io import MAX_PIXELS, read_header, read_image
+from medclr.io import MAX_PIXELS, read_image, read_radiograph
 
 log = logging.getLogger("medclr.app")
 
@@ -210,8 +210,7 @@ class AppService:
                 # readers warn with the file's path (multi-frame, pydicom's repairs): the uploaded file's
                 # name can hold a patient's name, so warnings are logged here with the name removed
                 warnings.simplefilter("always")
-                image = read_image(p, max_pixels=self.max_pixels)  # size guard first, then the header
-                header = read_header(p)
+                image, header = read_radiograph(p, max_pixels=self.max_pixels)  # one read: size guard, pixels, header
             for w in caught:
                 log.warning("upload: %s", _scrub(self._clean(str(w.message), str(p))))
         except MedclrError as exc:

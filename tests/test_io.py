@@ -76,6 +76,29 @@ def test_header_fields_and_no_identifiers(tmp_path, rg1_uncr):
         assert secret not in text
 
 
+def test_read_radiograph_is_image_and_header_from_one_read(tmp_path, rg1_uncr, monkeypatch):
+    """The app's upload path: read_radiograph gives read_image's pixels and read_header's fields, and a DICOM is
+    parsed once (pydicom.dcmread called once), a PNG decoded once."""
+    import pydicom
+    from PIL import Image
+
+    import medclr.io.dicom
+    from medclr.io import read_radiograph
+
+    want_image, want_header = read_image(rg1_uncr), read_header(rg1_uncr)
+    calls = []
+    real = pydicom.dcmread
+    monkeypatch.setattr(medclr.io.dicom.pydicom, "dcmread", lambda *a, **k: calls.append(a) or real(*a, **k))
+    image, header = read_radiograph(rg1_uncr)
+    assert len(calls) == 1 and header == want_header
+    np.testing.assert_array_equal(image, want_image)
+    png = tmp_path / "x.png"
+    Image.fromarray((np.arange(12 * 7).reshape(12, 7) * 3).astype(np.uint8)).save(png)
+    image, header = read_radiograph(png)
+    np.testing.assert_array_equal(image, read_image(png))
+    assert header == read_header(png) and (header["rows"], header["columns"]) == (12, 7)
+
+
 def test_modality_lut_and_window(tmp_path):
     stored = np.array([[0, 1000], [2000, 4000]], dtype=np.uint16)
     # HU = stored - 1024; window 476 +- 500 covers HU [-24, 976] -> stored [1000, 2000]

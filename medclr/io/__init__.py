@@ -12,7 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from medclr.errors import ImageReadError
-from medclr.io.dicom import is_dicom, read_dicom_header, read_dicom_reduced, read_dicom_with_caution
+from medclr.io.dicom import (
+    is_dicom,
+    read_dicom_header,
+    read_dicom_radiograph,
+    read_dicom_reduced,
+    read_dicom_with_caution,
+)
 from medclr.io.limits import MAX_PIXELS
 from medclr.io.raster import read_raster, read_raster_reduced, read_raster_size
 from medclr.io.reduced import DecodedImage
@@ -21,8 +27,8 @@ DICOM_SUFFIXES = {".dcm", ".dicom", ".dic"}
 RASTER_SUFFIXES = {".png", ".jpg", ".jpeg"}
 IMAGE_SUFFIXES = DICOM_SUFFIXES | RASTER_SUFFIXES
 
-__all__ = ["read_image", "read_image_reduced", "read_header", "DecodedImage", "ImageReadError", "IMAGE_SUFFIXES",
-           "MAX_PIXELS"]
+__all__ = ["read_image", "read_image_reduced", "read_header", "read_radiograph", "DecodedImage", "ImageReadError",
+           "IMAGE_SUFFIXES", "MAX_PIXELS"]
 
 
 def _is_dicom_path(path: Path) -> bool:
@@ -68,7 +74,21 @@ def read_header(path: str | Path) -> dict:
         raise ImageReadError(f"{path}: file not found")
     if _is_dicom_path(path):
         return read_dicom_header(path)
-    height, width = read_raster_size(path)
-    return {"format": path.suffix.lower().lstrip(".") or "raster", "modality": "", "view": "", "rows": height,
-            "columns": width, "pixel_spacing_mm": None, "photometric": "", "bits_stored": 0, "frames": 1,
+    return _raster_header(path, *read_raster_size(path))
+
+
+def read_radiograph(path: str | Path, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, dict]:
+    """``read_image`` and ``read_header`` from one read of the file (the app's upload: decoded once)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ImageReadError(f"{path}: file not found")
+    if _is_dicom_path(path):
+        return read_dicom_radiograph(path, max_pixels)
+    image = read_raster(path, max_pixels)
+    return image, _raster_header(path, *image.shape)
+
+
+def _raster_header(path: Path, height: int, width: int) -> dict:
+    return {"format": path.suffix.lower().lstrip(".") or "raster", "modality": "", "view": "", "rows": int(height),
+            "columns": int(width), "pixel_spacing_mm": None, "photometric": "", "bits_stored": 0, "frames": 1,
             "transfer_syntax": "", "body_part": "", "caution": ""}

@@ -87,7 +87,11 @@ def _view(ds: pydicom.Dataset) -> str:
 def read_dicom_header(path: str | Path) -> dict:
     """View, size, pixel spacing and photometric facts; never names, ids or dates of the patient."""
     path = Path(path)
-    ds = _open(path, stop_before_pixels=True)
+    return header_of(path, _open(path, stop_before_pixels=True))
+
+
+def header_of(path: Path, ds: pydicom.Dataset) -> dict:
+    """:func:`read_dicom_header`'s fields from a dataset already read."""
     header = {
         "format": "dicom",
         "modality": str(ds.get("Modality", "") or ""),
@@ -265,6 +269,13 @@ def read_dicom_with_caution(path: str | Path, max_pixels: int = MAX_PIXELS) -> t
     path = Path(path)
     ds, note = _checked(path, max_pixels)
     return display(decode_pixels(path, ds), ds), note
+
+
+def read_dicom_radiograph(path: str | Path, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, dict]:
+    """:func:`read_dicom_with_caution`'s image and :func:`read_dicom_header`'s fields, from one read of the file."""
+    path = Path(path)
+    ds, _ = _checked(path, max_pixels)
+    return display(decode_pixels(path, ds), ds), header_of(path, ds)
 
 
 def read_dicom_reduced(path: str | Path, min_side: int | None,
