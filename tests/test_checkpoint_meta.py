@@ -14,6 +14,7 @@ import yaml
 
 from medclr.errors import MedclrError
 from medclr.inference import CheckpointMeta, read_metadata, write_metadata
+from tests.conftest_app import app_assets  # noqa: F401 - fixtures
 
 FULL = CheckpointMeta(image_size=480, resize=512, tau=0.07, loss="dcl_lm", eta_source="lm",
                       eta_table="/data/eta.parquet", manifest="/data/manifest.parquet", split="train",
@@ -250,3 +251,58 @@ def test_checkpoint_records_the_eta_override_it_trained_with():
     assert _eta_override(cfg) == {"a": 0.2, "k": 0.35, "eta_max": 0.5}
     assert _eta_override({**cfg, "loss": {"eta_source": "true"}}) is None
     assert _eta_override({**cfg, "data": {"eta_a": None, "eta_k": None, "eta_max": 0.5}}) is None
+
+
+def _with_recorded_sha(src: Path, dst: Path) -> Path:
+    """A copy of a checkpoint whose checkpoint_meta.json records its weights' SHA-256, as training writes it."""
+    import dataclasses
+    import shutil
+
+    from medclr.inference import weights_sha256
+
+    shutil.copytree(src, dst)
+    write_metadata(dst, dataclasses.replace(read_metadata(dst), weights_sha256=weights_sha256(dst)))
+    return dst
+
+
+def _damage(path: Path, at: float = 0.6, n: int = 4096) -> None:
+    """Random bytes over the middle of the file: the safetensors header still parses."""
+    data = bytearray(path.read_bytes())
+    start = int(len(data) * at)
+    data[start:start + n] = np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_weights_are_refused_in_one_line(app_assets, tmp_path, monkeypatch):  # noqa: F811
+    from medclr.inference import load_checkpoint
+    from medclr.inference.load import TRUST_WEIGHTS_ENV
+
+    ckpt = _with_recorded_sha(app_assets["checkpoint"], tmp_path / "ckpt")
+    good = load_checkpoint(ckpt)
+    assert good.weights_sha256 == read_metadata(ckpt).weights_sha256
+    _damage(ckpt / "model.safetensors")
+    with pytest.raises(MedclrError, match=r"model\.safetensors: its SHA-256 is not the one training recorded") as e:
+        load_checkpoint(ckpt)
+    assert "\n" not in str(e.value) and TRUST_WEIGHTS_ENV in str(e.value)
+    # told to trust the file, the loader still refuses weights that are not finite
+    monkeypatch.setenv(TRUST_WEIGHTS_ENV, "1")
+    with pytest.raises(MedclrError, match=r"holds NaN or infinity: the file is damaged"):
+        load_checkpoint(ckpt)
+
+
+def test_weights_edited_on_purpose_load_when_trusted(app_assets, tmp_path, monkeypatch):  # noqa: F811
+    from safetensors.torch import load_file, save_file
+
+    from medclr.inference import load_checkpoint
+    from medclr.inference.load import TRUST_WEIGHTS_ENV
+
+    ckpt = _with_recorded_sha(app_assets["checkpoint"], tmp_path / "ckpt")
+    weights = load_file(str(ckpt / "model.safetensors"))
+    name = next(k for k, v in weights.items() if v.is_floating_point())
+    weights[name] = weights[name] * 0.5  # finite, but not the recorded file
+    save_file(weights, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(MedclrError, match="SHA-256"):
+        load_checkpoint(ckpt)
+    assert load_checkpoint(ckpt, verify_weights=False).weights_sha256 != read_metadata(ckpt).weights_sha256
+    monkeypatch.setenv(TRUST_WEIGHTS_ENV, "1")
+    load_checkpoint(ckpt)

@@ -327,6 +327,9 @@ def test_torchrun_two_processes_nuclr_learns_and_saves_tables(tiny, tmp_path):
     assert (meta.step, meta.total_steps, meta.n_train, meta.global_batch) == (20, 20, 16, 16)
     assert meta.manifest == str(Path(manifest).resolve()) and meta.data_fingerprint == state["fingerprint"]
     assert meta.source["image_size"] == "checkpoint_meta.json" and not (out / "preprocess.json").exists()
+    from medclr.inference import weights_sha256
+
+    assert meta.weights_sha256 == weights_sha256(out)  # the published weights are the ones the save hashed
 
 
 def _cli(argv: list[str]) -> int:

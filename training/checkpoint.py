@@ -34,7 +34,12 @@ import numpy as np
 import torch
 
 from medclr.errors import MedclrError
-from medclr.inference.checkpoint import SAMPLE_INDEX_KEY, TEXT_HASH_KEY, hash_to_int  # not in the loss's state_dict
+from medclr.inference.checkpoint import (  # not in the loss's state_dict
+    SAMPLE_INDEX_KEY,
+    TEXT_HASH_KEY,
+    hash_to_int,
+    weights_sha256,
+)
 from medclr.inference.metadata import METADATA_NAME, CheckpointMeta, write_metadata
 
 CKPT_DIR = "checkpoints"
@@ -211,8 +216,9 @@ def clean_stale(out: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def checkpoint_meta(trainer_state: dict, loss: torch.nn.Module) -> CheckpointMeta:
-    """What readers of the checkpoint need, from the trainer state (and its config) and the loss."""
+def checkpoint_meta(trainer_state: dict, loss: torch.nn.Module, weights_sha256: str | None = None) -> CheckpointMeta:
+    """What readers of the checkpoint need, from the trainer state (and its config), the loss and the SHA-256 of
+    the weights file just written (readers verify it)."""
     cfg, st = trainer_state["config"], trainer_state
     tau = getattr(loss, "tau", None)  # the value the loss trained with, also when the config left the default
     return CheckpointMeta(
@@ -221,7 +227,8 @@ def checkpoint_meta(trainer_state: dict, loss: torch.nn.Module) -> CheckpointMet
         eta_source=cfg["loss"].get("eta_source"), eta_table=_absolute(cfg["data"].get("eta")),
         manifest=_absolute(cfg["data"]["manifest"]), split=cfg["data"]["split"], data_fingerprint=st["fingerprint"],
         n_train=st["n_train"], global_batch=st["global_batch"], step=st["step"], total_steps=st["total_steps"],
-        last_loss=st["last_loss"], findings=st.get("findings"), eta_override=_eta_override(cfg))
+        last_loss=st["last_loss"], findings=st.get("findings"), eta_override=_eta_override(cfg),
+        weights_sha256=weights_sha256)
 
 
 def _eta_override(cfg: dict) -> dict | None:
@@ -256,7 +263,7 @@ def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, 
                         sample_index, texts)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "optimizer.pt")
-        write_metadata(tmp, checkpoint_meta(trainer_state, loss))
+        write_metadata(tmp, checkpoint_meta(trainer_state, loss, weights_sha256(tmp)))
         (tmp / "train_config.yaml").write_text(config_yaml)
         (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True, default=str))
         _fsync_tree(tmp)

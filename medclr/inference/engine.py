@@ -56,7 +56,7 @@ class Inference:
 
     def __init__(self, model: DualEncoder, pre: Preprocess = Preprocess(), tau: float = DEFAULT_TAU,
                  checkpoint_dir: str | os.PathLike | None = None, meta: CheckpointMeta | None = None,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", weights_sha256: str | None = None) -> None:
         if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
             raise MedclrError(f"tau: expected a positive number, got {tau!r}")
         self.device = torch.device(device)
@@ -65,7 +65,7 @@ class Inference:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.meta = meta  # what the checkpoint records (checkpoint_meta.json); None when not loaded from one
         self._prompt_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._sha: str | None = None
+        self._sha = weights_sha256  # of checkpoint_dir's weights, when the loader already hashed them
         self._stats: Any = None
 
     # -- identity ---------------------------------------------------------------------------------

@@ -12,23 +12,41 @@ from pathlib import Path
 import torch
 
 from medclr.errors import MedclrError
-from medclr.inference.checkpoint import DEFAULT_TAU
+from medclr.inference.checkpoint import DEFAULT_TAU, WEIGHTS_NAME, weights_sha256
 from medclr.inference.engine import Inference
 from medclr.inference.metadata import read_metadata
 from medclr.inference.preprocess import Preprocess
 from medclr.models.dual import DualEncoder
 
+# Set to 1 to load weights whose SHA-256 differs from the one training recorded (weights edited on purpose).
+TRUST_WEIGHTS_ENV = "MEDCLR_TRUST_WEIGHTS"
+
 
 def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "cpu", image_size: int | None = None,
-                    resize: int | None = None, tau: float | None = None) -> Inference:
-    """Load a `medclr train` checkpoint dir for inference. Arguments override what the dir records."""
+                    resize: int | None = None, tau: float | None = None,
+                    verify_weights: bool | None = None) -> Inference:
+    """Load a `medclr train` checkpoint dir for inference. Arguments override what the dir records.
+
+    The weights file is checked against the SHA-256 training recorded (``verify_weights``; None: unless the
+    environment sets MEDCLR_TRUST_WEIGHTS=1), and every weight must be finite (always): a damaged file is
+    refused in one line instead of scoring NaN."""
     src = Path(directory).expanduser()
     if not src.is_dir():
         raise MedclrError(f"checkpoint {str(src)!r}: no such directory (expected a `medclr train` output dir)")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise MedclrError(f"device {device!r}: CUDA is not available on this machine; use --device cpu")
     meta = read_metadata(src)
+    verify = os.environ.get(TRUST_WEIGHTS_ENV) != "1" if verify_weights is None else verify_weights
+    sha = weights_sha256(src) if (src / WEIGHTS_NAME).is_file() else None
+    if verify and meta.weights_sha256 and sha != meta.weights_sha256:
+        raise MedclrError(f"{src / WEIGHTS_NAME}: its SHA-256 is not the one training recorded in checkpoint_meta.json, "
+                          f"so the file is damaged or was changed (weights edited on purpose: set {TRUST_WEIGHTS_ENV}=1)")
     model = DualEncoder.from_pretrained(src, map_location=device)
+    bad = next((name for name, p in model.state_dict().items() if p.is_floating_point() and not torch.isfinite(p).all()),
+               None)
+    if bad is not None:
+        raise MedclrError(f"{src / WEIGHTS_NAME}: weight {bad!r} holds NaN or infinity: the file is damaged; "
+                          "restore it from a copy or retrain")
     if model.head.kind != "cosine" and not getattr(model.head, "trained", False):
         raise MedclrError(f"checkpoint {str(src)!r}: its {model.head.kind} head was never trained (the loss scored "
                           "global embeddings when it was made), so its scores and heatmaps are noise; retrain with "
@@ -39,4 +57,4 @@ def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "
     rsz = resize or meta.resize
     pre = Preprocess(size, int(rsz) if rsz and int(rsz) >= size else None)
     t = tau or meta.tau or DEFAULT_TAU
-    return Inference(model, pre, float(t), checkpoint_dir=src, meta=meta, device=device)
+    return Inference(model, pre, float(t), checkpoint_dir=src, meta=meta, device=device, weights_sha256=sha)

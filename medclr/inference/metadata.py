@@ -61,6 +61,9 @@ class CheckpointMeta:
     # Version 3: the eta trained on when training recomputed it from the table's PLL (data.eta_a / eta_k):
     # {"a", "k", "eta_max"}; None = the table's own eta column (or no eta at all).
     eta_override: dict | None = None
+    # Version 3: SHA-256 of model.safetensors as training wrote it; load_checkpoint refuses weights that differ
+    # (None: not recorded, older checkpoints: only the finite-weights check applies).
+    weights_sha256: str | None = None
     # Not written: which file gave each field (``checkpoint_meta.json``, or an old side file).
     source: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -115,7 +118,7 @@ def migrate(directory: Path, raw: Mapping[str, Any] | None) -> tuple[dict[str, A
 
     ``raw`` is the content of ``checkpoint_meta.json``, or None where the checkpoint has none (version 0:
     the side files). Version 1 -> 2 added ``findings`` (None: not validated), 2 -> 3 ``eta_override`` (None: the
-    eta table's own column). A later version adds its step here."""
+    eta table's own column) and ``weights_sha256`` (None: not recorded). A later version adds its step here."""
     if raw is None:
         return _from_side_files(directory)
     version = raw.get("format_version")
@@ -129,7 +132,7 @@ def migrate(directory: Path, raw: Mapping[str, Any] | None) -> tuple[dict[str, A
     if version == 1:
         record.update(findings=None)
     if version <= 2:
-        record.update(format_version=3, eta_override=None)
+        record.update(format_version=3, eta_override=None, weights_sha256=None)
     return record, {k: METADATA_NAME for k, v in raw.items() if v is not None and k != "format_version"}
 
 
