@@ -19,6 +19,7 @@ from medclr.index import (
     build_index,
     choose_kind,
     load_index,
+    read_meta,
 )
 from tests.conftest_app import app_assets, engine, index_dir, rg1_path  # noqa: F401 - fixtures
 
@@ -157,3 +158,33 @@ def test_index_cli(app_assets, tmp_path, capsys):  # noqa: F811
     helped = subprocess.run([sys.executable, "-m", "medclr", "index", "build", "--help"], capture_output=True,
                             text=True, timeout=60)
     assert "examples:" in helped.stdout and "--kind" in helped.stdout
+
+
+def test_damaged_index_files_are_refused_at_open(engine, app_assets, tmp_path, capsys):  # noqa: F811
+    """The index manifest records each data file's size and SHA-256: a zeroed image_cells.npy (still a valid
+    file of the same size) is refused when opened and by `index info --verify`; a truncated one by its size
+    alone, also when hashes are not asked for."""
+    import shutil
+
+    from medclr.cli import main as medclr_main
+
+    out = tmp_path / "idx"
+    build_index(engine, app_assets["manifest"], out)
+    meta = read_meta(out)
+    cells = out / meta["data"] / meta["head"]["cells"]
+    assert set(meta["files"]) >= {"images.faiss", "sentences.parquet", cells.name}
+    assert medclr_main(["index", "info", str(out), "--verify"]) == 0 and "verified" in capsys.readouterr().err
+    good = tmp_path / "good"
+    shutil.copytree(out, good)
+    with open(cells, "r+b") as fh:  # zero the cells after the .npy header
+        fh.seek(256)
+        fh.write(bytes(cells.stat().st_size - 256))
+    with pytest.raises(MedclrError, match=r"image_cells\.npy is changed since it was written .* rebuild it"):
+        load_index(out, engine)
+    assert medclr_main(["index", "info", str(out), "--verify"]) == 1
+    assert "changed since it was written" in capsys.readouterr().err
+    load_index(out, engine, verify=False)  # sizes only: the zeroed file passes, as documented
+    with open(good / meta["data"] / "images.parquet", "r+b") as fh:
+        fh.truncate(100)
+    with pytest.raises(MedclrError, match=r"images\.parquet is of another size"):
+        load_index(good, engine, verify=False)

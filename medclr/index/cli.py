@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -66,6 +67,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--index", required=True, metavar="DIR", help="existing index directory")
     i = sub.add_parser("info", help="show what an index holds and which model built it")
     i.add_argument("index", metavar="DIR")
+    i.add_argument("--verify", action="store_true",
+                   help="also check every data file against the size and SHA-256 recorded when it was written "
+                        "(opening an index for search, the app or `add` always does)")
     s = sub.add_parser("search", help="query an index from the command line", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(s, False)
@@ -87,7 +91,15 @@ def run(args: argparse.Namespace) -> int:
     from medclr.index.store import add_to_index, build_index, load_index, read_meta
 
     if args.index_command == "info":
-        print(json.dumps(read_meta(args.index), indent=2, sort_keys=True))
+        meta = read_meta(args.index)
+        if args.verify:
+            from medclr.index.store import check_files
+
+            check_files(Path(args.index), meta, hashes=True)
+        print(json.dumps(meta, indent=2, sort_keys=True))
+        if args.verify:
+            print(f"verified: {len(meta.get('files') or {})} data files match their recorded size and SHA-256",
+                  file=sys.stderr)
         return 0
     if args.index_command in ("build", "add"):
         if args.batch_size < 1:

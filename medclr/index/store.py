@@ -200,12 +200,14 @@ def read_meta(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_index(directory: str | os.PathLike, engine=None, use_gpu: bool | str = "auto",
-               head: bool = True) -> RetrievalIndex:
+               head: bool = True, verify: bool = True) -> RetrievalIndex:
     """Open an index directory; with ``engine`` (an :class:`~medclr.inference.Inference`), check that
     it was built from the same checkpoint and (``head``) attach the checkpoint's head and the stored cells
-    so that :meth:`RetrievalIndex.search_images_by_text` ranks by the head."""
+    so that :meth:`RetrievalIndex.search_images_by_text` ranks by the head. Every data file's size is checked
+    against the manifest's record, and (``verify``) its SHA-256: a damaged index is refused in one line."""
     d = Path(directory)
     meta = read_meta(d)
+    check_files(d, meta, hashes=verify)
     if engine is not None:
         check_model(meta, engine, d)
     data = d / meta["data"]
@@ -224,6 +226,18 @@ def load_index(directory: str | os.PathLike, engine=None, use_gpu: bool | str = 
             index.head, index.device = _head(engine), engine.device
             index.cells, index.cell_ids = cells[0], pd.Index(cells[1])
     return index
+
+
+def check_files(d: Path, meta: dict[str, Any], hashes: bool = True) -> None:
+    """The data folder's files against the sizes and SHA-256 the manifest recorded when they were written
+    (an index built before medclr recorded them passes unchecked)."""
+    for name, rec in (meta.get("files") or {}).items():
+        path = d / meta["data"] / name
+        size = path.stat().st_size if path.is_file() else None
+        if size != rec["size"] or (hashes and _file_sha256(path) != rec["sha256"]):
+            what = "missing" if size is None else ("of another size" if size != rec["size"] else "changed since it was written")
+            raise MedclrError(f"index {str(d)!r}: {meta['data']}/{name} is {what} (the index manifest records "
+                              f"{rec['size']} bytes and their SHA-256); rebuild it with `medclr index build`")
 
 
 def _read_cells(d: Path, meta: dict[str, Any], ntotal: int, dim: int, kind: str):
@@ -330,11 +344,13 @@ def _write_version(directory: Path, meta: dict[str, Any], images: VectorIndex, s
     errors.reset_index(drop=True).to_parquet(tmp / "errors.parquet", index=False)
     if extra is not None:
         extra(tmp)
-    for f in tmp.iterdir():  # durable before the switch
+    files = {}
+    for f in sorted(tmp.iterdir()):  # durable before the switch; sizes and hashes for the readers
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
+        files[f.name] = {"size": f.stat().st_size, "sha256": _file_sha256(f)}
     os.replace(tmp, directory / name)
-    meta = dict(meta, data=name, updated=_now())
+    meta = dict(meta, data=name, updated=_now(), files=files)
     write_text(directory / MANIFEST_NAME, json.dumps(meta, indent=2, sort_keys=True))
     if old and old != name:
         shutil.rmtree(directory / old, ignore_errors=True)
