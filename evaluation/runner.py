@@ -52,7 +52,7 @@ def choose_tasks(wanted: list[str] | None, inp: Inputs, source: str) -> tuple[li
         if missing:
             raise MedclrError(f"--tasks {missing[0]}: not available on {source} ({why[missing[0]]})")
     run = [name for name in names if why[name] is None]
-    notes = [f"task {name} skipped: not available on this data" for name in names if name not in run]
+    notes = [f"task {name} skipped: {why[name]}" for name in names if name not in run]
     return run, [t for t in tasks() if t.name in run], notes
 
 
@@ -113,6 +113,7 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
     per_phrase = inp.phrases.table[["phrase_id", "dicom_id", "index", "category", "text", "manifest_split"]].copy()
     for t in run:
         metrics[t.name], columns = t.run(inp)
+        metrics["notes"] += t.notes(metrics[t.name])
         if columns is not None:
             per_phrase = pd.concat([per_phrase, columns], axis=1)
     metrics["summary"] = summary(metrics)

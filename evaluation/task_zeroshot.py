@@ -82,6 +82,15 @@ class ZeroShot(Task):
         res["calibration"] = calibration_metrics(inp.model.engine, res)
         return res, None
 
+    def notes(self, z):
+        left = z["macro"]["AUC_left_out"]
+        if not left:
+            return []
+        pc = z["per_class"]
+        why = ", ".join(f"{c} ({pc[c]['n']} usable labels, {pc[c]['n_pos']} positive)" for c in left)
+        return [f"zeroshot: no AUC for {why}: the macro AUC is over {len(z['macro']['AUC_classes'])} of "
+                f"{len(z['classes'])} classes ({', '.join(z['macro']['AUC_classes']) or 'none'})"]
+
     def summary(self, z):
         return {"AUC": z["macro"]["AUC"], "ACC": z["macro"]["ACC"]}
 

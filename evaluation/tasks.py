@@ -93,6 +93,10 @@ class Task:
         its per-phrase columns for phrases.csv (one row per phrase, in ``inp.phrases`` order) or None."""
         raise NotImplementedError
 
+    def notes(self, block: dict) -> list[str]:
+        """What the report should say about this block (left-out classes, ...); none by default."""
+        return []
+
     def summary(self, block: dict) -> dict[str, Any]:
         """Its Table 1 values, by column key."""
         return {}

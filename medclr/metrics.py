@@ -237,5 +237,9 @@ def zero_shot_metrics(
         "ACC": _macro(accs),
         "AUC_CI": _ci(_macro_rows(boot_auc), ci_level),
         "ACC_CI": _ci(_macro_rows(boot_acc), ci_level),
+        # the macro AUC is over the classes whose AUC is defined (positives and negatives among the usable
+        # labels); the others are named, so a four-class mean never passes for a five-class one
+        "AUC_classes": [c for c, a in zip(names, aucs) if np.isfinite(a)],
+        "AUC_left_out": [c for c, a in zip(names, aucs) if not np.isfinite(a)],
     }
     return {"per_class": per, "macro": macro, "n_boot": int(n_boot), "seed": int(seed), "ci_level": float(ci_level)}

@@ -381,6 +381,14 @@ def test_zero_shot_bootstrap_ci_and_vectorised_auc():
     res1 = zero_shot_metrics(pos, neg, y1, n_boot=20)
     assert math.isnan(res1["per_class"]["Pneumothorax"]["AUC"]) and not math.isnan(res1["macro"]["AUC"])
     assert res1["per_class"]["Pneumothorax"]["n_boot_AUC"] == 0
+    assert res1["macro"]["AUC_left_out"] == ["Pneumothorax"] and len(res1["macro"]["AUC_classes"]) == 4
+    # and the report says so: the zero-shot task's note names the class and the count
+    from medclr.evaluation.task_zeroshot import ZeroShot
+
+    block = dict(res1, classes=list(CHEX5))
+    (note,) = ZeroShot().notes(block)
+    assert "Pneumothorax (250 usable labels, 0 positive)" in note and "over 4 of 5 classes" in note
+    assert ZeroShot().notes(dict(res, classes=list(CHEX5))) == []
 
 
 def test_zero_shot_rejects_bad_labels():
