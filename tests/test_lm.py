@@ -153,6 +153,63 @@ def test_long_sentences_window_truncate_error():
         pseudo_log_likelihood([long_s], model, tok, long="error", progress=False)
 
 
+def test_one_huge_sentence_costs_bounded_work(tiny, caplog):
+    """A 200 kB "sentence" (a pasted document) costs at most MAX_PIECES forward rows: only its first pieces are
+    scored (n_scored < n_tokens), it is counted in the log, and the others are scored as before."""
+    import medclr.lm.pll as pll_mod
+
+    model, tok = tiny
+    huge = " ".join(["Heart size is normal with a small right pleural effusion."] * 3500)  # ~200 kB
+    assert len(huge) > 200_000
+    rows = []
+    real = pll_mod._forward
+    with caplog.at_level("WARNING", logger="medclr.lm.pll"):
+        def counted(model_, encoder, head, ids, *rest):
+            rows.append(len(ids))
+            return real(model_, encoder, head, ids, *rest)
+
+        pll_mod._forward = counted
+        try:
+            res = score_sentences([huge, "Clear."], model, tok, progress=False, max_pieces=256)
+        finally:
+            pll_mod._forward = real
+    assert res.n_scored[0] == 256 < res.n_tokens[0] and res.n_scored[1] == res.n_tokens[1]
+    assert sum(rows) == 256 + res.n_scored[1]  # one masked row per scored piece, no more
+    assert "1 of 2 sentences have more than 256 word pieces" in caplog.text
+    np.testing.assert_allclose(res.pll[1], score_sentences(["Clear."], model, tok, progress=False).pll[0])
+
+
+def test_score_saves_as_it_goes_and_resumes_after_a_kill(tiny, tmp_path, monkeypatch):
+    """score_manifest writes the table after each block once save_every_s has passed (0 here: every block); a run
+    killed in its third block resumes from the two blocks saved and scores only the rest."""
+    import medclr.lm.pll as pll_mod
+    from medclr.data.manifest import read_manifest
+    from medclr.lm.eta import read_eta_table
+    from medclr.lm.score import score_manifest
+
+    model, tok = tiny
+    words = ["effusion", "heart", "normal", "right", "small", "clear", "there", "is"]
+    sentences = [f"{a} {b} {c}." for a in words for b in words for c in words[:2]][:40]
+    manifest = read_manifest(_manifest(tmp_path / "m.parquet", [[x] for x in sentences]))
+    out = tmp_path / "eta.parquet"
+    real, calls = pll_mod.score_sentences, []
+
+    def dies_in_third_block(*a, **k):
+        calls.append(len(a[0]))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(pll_mod, "score_sentences", dies_in_third_block)
+    with pytest.raises(KeyboardInterrupt):
+        score_manifest(manifest, model, tok, out, block=10, save_every_s=0, eta_fit="paper", progress=False)
+    saved, _ = read_eta_table(out)
+    assert len(saved) == 20 and saved["pll"].notna().all()
+    monkeypatch.setattr(pll_mod, "score_sentences", real)
+    summary = score_manifest(manifest, model, tok, out, block=10, save_every_s=0, eta_fit="paper", progress=False)
+    assert (summary["cached"], summary["scored"]) == (20, 20)
+
+
 @pytest.mark.parametrize("bad", [[""], ["ok.", "   "], "a string", [3], ["ok.", "\u200b"]])
 def test_bad_sentences(tiny, bad):
     model, tok = tiny

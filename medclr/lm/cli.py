@@ -7,6 +7,8 @@ import json
 import logging
 
 from medclr.errors import MedclrError
+from medclr.lm.eta import DEFAULT_ETA_MAX
+from medclr.lm.pll import MAX_PIECES
 
 HELP = "fit a domain masked LM, score sentences (PLL -> eta), calibrate eta"  # what `medclr --help` shows
 
@@ -143,7 +145,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="eta exponent k; with --a, overrides --eta-fit (paper: 0.35)")
     p.add_argument("--norm", choices=("sum", "mean"), default="sum",
                    help="log p = PLL summed over word pieces (sum, paper) or per piece (mean)")
-    p.add_argument("--eta-max", type=float, default=0.5, help="clip eta at this value < 1 (default 0.5)")
+    p.add_argument("--eta-max", type=float, default=DEFAULT_ETA_MAX,
+                   help=f"clip eta at this value < 1 (default {DEFAULT_ETA_MAX})")
     p.add_argument("--pll", choices=("original", "word-l2r"), default="original",
                    help="PLL variant: original (Salazar et al.) or word-l2r (Kauf & Ivanova)")
     p.add_argument("--long", choices=("window", "truncate", "error"), default="window",
@@ -151,6 +154,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    "(default), score only the first pieces, or stop")
     p.add_argument("--batch-size", type=int, default=64, help="sentences expanded together (default 64)")
     p.add_argument("--max-batch-tokens", type=int, default=32768, help="padded tokens per forward pass (memory)")
+    p.add_argument("--max-pieces", type=int, default=MAX_PIECES,
+                   help=f"word pieces scored per sentence at most (default {MAX_PIECES}; a longer one, e.g. a "
+                        "pasted document, is scored on its first pieces and counted in the log)")
+    p.add_argument("--save-every", type=float, default=120.0, metavar="SECONDS",
+                   help="rewrite --out after this much scoring (default 120): a killed run resumes from it")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when present)")
     p.add_argument("--rescore", action="store_true", help="ignore the cache in --out")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
@@ -226,7 +234,7 @@ def run_score(args: argparse.Namespace) -> int:
     from medclr.lm.load import load_masked_lm
     from medclr.lm.score import score_manifest
 
-    if args.batch_size < 1 or args.max_batch_tokens < 1:
+    if args.batch_size < 1 or args.max_batch_tokens < 1 or args.max_pieces < 1:
         raise MedclrError("--batch-size and --max-batch-tokens must be positive")
     _threads(args.threads)
     manifest = read_manifest(args.manifest)
@@ -240,7 +248,7 @@ def run_score(args: argparse.Namespace) -> int:
                                        "study_sampling": args.study_sampling, "study_balance": args.study_balance},
                              eta_max=args.eta_max, word_l2r=args.pll == "word-l2r", long=args.long,
                              batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
-                             progress=not args.no_progress)
+                             max_pieces=args.max_pieces, save_every_s=args.save_every, progress=not args.no_progress)
     print(json.dumps(summary))
     return 0
 

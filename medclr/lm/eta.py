@@ -41,12 +41,15 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from medclr.errors import MedclrError
 from medclr.files import atomic_path
+
+if TYPE_CHECKING:  # pandas is imported where a table is read or built: `medclr --help` and the formula need none
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,8 @@ def eta_from_pll(pll, n_scored=None, *, a: float = DEFAULT_A, k: float = DEFAULT
 
 def manifest_sentences(manifest: pd.DataFrame, split: str | None = None) -> pd.DataFrame:
     """Long table of the manifest's sentences: ``index``, ``position``, ``sentence``, ``sentence_hash``."""
+    import pandas as pd
+
     from medclr.data.text import sentence_hash
 
     if "sentences" not in manifest:
@@ -170,6 +175,8 @@ def eta_long(manifest: pd.DataFrame, eta_table: pd.DataFrame, column: str = "eta
     the manifest first); ``"nan"``: it gets NaN. ``column`` picks another table
     column (e.g. ``pll``) under the name ``eta``.
     """
+    import pandas as pd
+
     if missing not in ("raise", "nan"):
         raise MedclrError(f"missing={missing!r}; expected 'raise' or 'nan'")
     st = manifest_sentences(manifest, split)

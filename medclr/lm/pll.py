@@ -29,6 +29,11 @@ included) are handled by ``long``:
 * ``"error"``: raise :class:`~medclr.errors.MedclrError`.
 
 The number of sentences that needed a window or truncation is logged.
+
+Work per sentence is bounded: at most ``max_pieces`` pieces of a sentence are scored (default
+:data:`MAX_PIECES`, far above a report sentence's length), so one pasted document in a report costs at
+most ``max_pieces`` forward rows instead of one per piece (a 200 kB "sentence" held ~40,000 pieces, hours
+of windowed scoring on a CPU). Such sentences have ``n_scored`` < ``n_tokens``; their count is logged.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from medclr.errors import MedclrError
 log = logging.getLogger(__name__)
 
 LONG_MODES = ("window", "truncate", "error")
+MAX_PIECES = 1024  # pieces scored per sentence at most (report sentences: < 100)
 
 
 @dataclass
@@ -111,7 +117,7 @@ def _check(sentences, model, tokenizer, long: str) -> list[str]:
     return sentences
 
 
-def _rows_for_sentence(ids, special, word_ids, max_length, mask_id, word_l2r, long, index):
+def _rows_for_sentence(ids, special, word_ids, max_length, mask_id, word_l2r, long, index, max_pieces=MAX_PIECES):
     """Masked copies of one sentence.
 
     Returns (rows: 2-D int array, one masked copy per scored piece; mask position in each row;
@@ -151,6 +157,8 @@ def _rows_for_sentence(ids, special, word_ids, max_length, mask_id, word_l2r, lo
     else:
         starts = np.zeros(len(targets_pos), dtype=np.int64)
         w = n
+    if len(targets_pos) > max_pieces:  # bounded work: the first max_pieces pieces only
+        targets_pos, starts = targets_pos[:max_pieces], starts[:max_pieces]
     m = len(targets_pos)
     cols = starts[:, None] + np.arange(w)[None, :]  # (m, w) body indices of each row's window
     window = body[cols]
@@ -179,14 +187,15 @@ def score_sentences(
     max_batch_tokens: int = 32768,
     device=None,
     progress: bool = True,
+    max_pieces: int = MAX_PIECES,
 ) -> PLLResult:
     """PLL of each sentence with token counts; see :func:`pseudo_log_likelihood`."""
     import torch
     from tqdm.auto import tqdm
 
     sentences = _check(sentences, model, tokenizer, long)
-    if batch_size < 1 or max_batch_tokens < 1:
-        raise MedclrError("batch_size and max_batch_tokens must be positive")
+    if batch_size < 1 or max_batch_tokens < 1 or max_pieces < 1:
+        raise MedclrError("batch_size, max_batch_tokens and max_pieces must be positive")
     if word_l2r and not getattr(tokenizer, "is_fast", False):
         raise MedclrError("word_l2r=True needs a fast tokenizer (word ids); this one is slow")
     max_length = int(max_length or model_max_length(model, tokenizer))
@@ -233,7 +242,7 @@ def score_sentences(
                 for j in chunk:
                     r, p, t, nt, ns, lg = _rows_for_sentence(
                         enc["input_ids"][j], enc["special_tokens_mask"][j], enc.word_ids(int(j)) if word_l2r else None,
-                        max_length, mask_id, word_l2r, long, int(first[j]))
+                        max_length, mask_id, word_l2r, long, int(first[j]), max_pieces)
                     rows.extend(r)
                     pos.append(p)
                     tgt.append(t)
@@ -259,6 +268,10 @@ def score_sentences(
     finally:
         bar.close()
         model.train(was_training)
+    n_capped = int(((n_sc == max_pieces) & (n_tok > max_pieces))[inverse].sum())
+    if n_capped:
+        log.warning("%d of %d sentences have more than %d word pieces (a pasted document?): only their first %d "
+                    "were scored", n_capped, len(sentences), max_pieces, max_pieces)
     n_long = int(is_long[inverse].sum())
     if n_long:
         log.warning("%d of %d sentences exceed the model's %d-token limit; %s", n_long, len(sentences), max_length,

@@ -2,7 +2,7 @@
 
 The pipeline above the table (``medclr.lm.eta``: the formula and the file) and the calibration
 (``medclr.lm.eta_fit``): PLLs cached by model fingerprint, eta calibrated, the table rewritten
-every ``checkpoint_every`` new sentences so an interrupted run resumes where it stopped.
+every couple of minutes of scoring (``save_every_s``) so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from medclr.lm.eta import (
     write_eta_table,
 )
 from medclr.lm.eta_fit import check_eta_choice, eta_of_table, resolve_eta_params
+from medclr.lm.pll import MAX_PIECES
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +51,18 @@ def score_manifest(
     batch_size: int = 64,
     max_batch_tokens: int = 32768,
     rescore: bool = False,
-    checkpoint_every: int = 20000,
+    save_every_s: float = 120.0,
+    block: int = 512,
+    max_pieces: int = MAX_PIECES,
     device=None,
     progress: bool = True,
 ) -> dict:
     """Score every distinct sentence of ``manifest`` not yet in ``out`` and (re)write the table there.
 
-    The table is rewritten after each block of ``checkpoint_every`` new
-    sentences, so an interrupted run resumes where it stopped. Returns a summary dict.
+    Sentences are scored in blocks of ``block``; the table is rewritten once ``save_every_s`` seconds of
+    scoring have passed since the last write, so an interrupted run loses at most that much work and
+    resumes where it stopped. ``max_pieces`` bounds the work one sentence can cost
+    (``medclr.lm.pll.MAX_PIECES``). Returns a summary dict.
 
     a, k: given together, eta = a * p^k with them; else ``eta_fit`` calibrates eta
     (``medclr.lm.eta_fit``): ``"meaning"`` (default) maps the LM's probability of the sentence's
@@ -112,16 +117,22 @@ def score_manifest(
                                     "eta_params": params})
         return full, n_clip, params
 
-    for b0 in range(0, len(todo), max(1, checkpoint_every)):
-        block = todo[b0 : b0 + checkpoint_every]
-        res = score_sentences(known["sentence"].to_numpy()[block].tolist(), model, tokenizer, batch_size,
-                              word_l2r=word_l2r, long=long, max_batch_tokens=max_batch_tokens, device=device,
-                              progress=progress)
-        known.loc[block, "pll"] = res.pll
-        known.loc[block, "n_tokens"] = res.n_tokens
-        known.loc[block, "n_scored"] = res.n_scored
-        if b0 + checkpoint_every < len(todo):
-            write(known)
+    from tqdm.auto import tqdm
+
+    last_save = time.monotonic()
+    with tqdm(total=len(todo), unit="sent", desc="PLL", disable=not progress, mininterval=1.0) as bar:
+        for b0 in range(0, len(todo), max(1, block)):
+            rows = todo[b0 : b0 + block]
+            res = score_sentences(known["sentence"].to_numpy()[rows].tolist(), model, tokenizer, batch_size,
+                                  word_l2r=word_l2r, long=long, max_batch_tokens=max_batch_tokens, device=device,
+                                  progress=False, max_pieces=max_pieces)
+            known.loc[rows, "pll"] = res.pll
+            known.loc[rows, "n_tokens"] = res.n_tokens
+            known.loc[rows, "n_scored"] = res.n_scored
+            bar.update(len(rows))
+            if b0 + block < len(todo) and time.monotonic() - last_save >= save_every_s:
+                write(known)
+                last_save = time.monotonic()
     table, n_clip, params = write(known)
     fit = params["fit"]
     if "error" not in fit:
