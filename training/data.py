@@ -212,9 +212,51 @@ def _load_resize_transform(resize: int, cache_dtype: str):
             super().__init__(keys=("image",))
 
         def __call__(self, item: dict) -> dict:
-            return {**item, "image": load_resized(item["image"], resize, cache_dtype)}
+            image = load_resized(item["image"], resize, cache_dtype)
+            return {**item, "image": image, "checksum": pixel_checksum(image)}
 
     return LoadRadiographd()
+
+
+def pixel_checksum(image: torch.Tensor) -> int:
+    """CRC-32 of a cached image's bytes: stored with it, checked when the disk cache serves it."""
+    import zlib
+
+    return zlib.crc32(image.contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def source_identity(path: str) -> str:
+    """What identifies a source image's content for the disk cache's key: its size and modification time
+    (a file replaced in place gets a new key, so a stale cache entry is never served)."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return "missing"  # the read below raises its one line
+    return f"{st.st_size}-{st.st_mtime_ns}"
+
+
+def verified_persistent_dataset(items, transform, cache_dir: Path):
+    """MONAI's PersistentDataset whose entries are checked on read: an entry that does not load or whose pixels
+    do not match the checksum stored with them (bit rot, a truncated write, an edit) is deleted and rebuilt
+    from the source with one log line, never trained on."""
+    from monai.data import PersistentDataset
+
+    class VerifiedPersistentDataset(PersistentDataset):
+        def _cachecheck(self, item_transformed):
+            path = self.cache_dir / f"{self.hash_func(item_transformed).decode('utf-8')}{self.transform_hash}.pt"
+            if path.is_file():
+                try:
+                    cached = torch.load(path, weights_only=True)
+                    if pixel_checksum(cached["image"]) == cached["checksum"]:
+                        return cached
+                    why = "its pixels do not match the checksum stored with them"
+                except Exception as exc:  # noqa: BLE001 - any unreadable entry is rebuilt
+                    why = f"unreadable ({type(exc).__name__})"
+                log.warning("image cache entry %s: %s; rebuilt from %s", path.name, why, item_transformed["image"])
+                path.unlink(missing_ok=True)
+            return super()._cachecheck(item_transformed)
+
+    return VerifiedPersistentDataset(items, transform=transform, cache_dir=cache_dir)
 
 
 def _random_transform(crop: int, aug: dict):
@@ -263,18 +305,17 @@ class PairDataset(torch.utils.data.Dataset):
         self.short_form = float(d["short_form"])
         self.crop = int(d["crop"])
         self.random = _random_transform(self.crop, d.get("aug") or {})
-        # resize/dtype ride along in each item so that the disk cache's key (a hash of the item)
-        # changes when they do; PersistentDataset would otherwise serve stale sizes.
-        items = [{"image": p, "resize": int(d["resize"]), "dtype": d["cache_dtype"]} for p in table.paths]
+        # resize/dtype and the source file's identity ride along in each item so that the disk cache's key (a
+        # hash of the item) changes when they do; PersistentDataset would otherwise serve stale images.
+        items = [{"image": p, "resize": int(d["resize"]), "dtype": d["cache_dtype"],
+                  "source": source_identity(p) if cache_mode(d["cache"]) == "disk" else ""} for p in table.paths]
         load = Compose([_load_resize_transform(int(d["resize"]), d["cache_dtype"])])
         mode = cache_mode(d["cache"])
         try:
             if mode == "disk":
-                from monai.data import PersistentDataset
-
                 cache_dir = Path(d["cache_dir"] or Path(cfg["out"]) / "image_cache").expanduser()
                 cache_dir.mkdir(parents=True, exist_ok=True)
-                self.images = PersistentDataset(items, transform=load, cache_dir=cache_dir)
+                self.images = verified_persistent_dataset(items, load, cache_dir)
             else:
                 self.images = CacheDataset(items, transform=load, cache_rate=1.0 if mode == "ram" else 0.0,
                                            num_workers=int(d["cache_workers"]), progress=cache_progress,
