@@ -21,7 +21,8 @@ EPILOG = """examples:
   medclr score --checkpoint C --input study.dcm --out results.csv              # one file, a CSV table
   torchrun --nproc_per_node 4 -m medclr score --checkpoint C --input DIR --out results.parquet --device cuda
 
-Writes results.parquet (path, height, width, one probability column per CheX5 class with its
+Writes results.parquet (path, height, width, the DICOM header's view, study_uid, series_uid and sop_uid
+(empty for PNG/JPEG; --no-uids leaves them out), one probability column per CheX5 class with its
 "<class> reason" column[, embedding]) and results.errors.parquet (path, error) for files that could not
 be read. The probabilities are the checkpoint's calibrated ones: at the end of training each finding's
 zero-shot score was calibrated (Platt scaling) on the validation split; a finding whose validation AUC is
@@ -56,6 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="TABLE",
                         help="results table to write: .parquet or .csv (the errors table takes the same format)")
     parser.add_argument("--embeddings", action="store_true", help="also store each image's global embedding")
+    parser.add_argument("--no-uids", dest="uids", action="store_false",
+                        help="leave out the DICOM columns view, study_uid, series_uid, sop_uid (on by default so the "
+                             "table joins back to the PACS; UIDs identify studies, so the table is then as sensitive "
+                             "as the archive)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--workers", type=int, default=None,
                         help="DataLoader processes decoding images (default: cores-1, at most 8 on the CPU and 32 "
@@ -98,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     workers = default_workers(device) if args.workers is None else args.workers
     opts = ScoreOptions(batch_size=args.batch_size, workers=workers, embeddings=args.embeddings,
                         part_files=args.part_files, max_pixels=args.max_pixels, progress=not args.no_progress,
-                        full_decode=args.full_decode)
+                        full_decode=args.full_decode, uids=args.uids)
     try:
         stats = score_tree(engine, Path(args.input), Path(args.out), opts)
     finally:

@@ -44,7 +44,7 @@ from medclr.distributed import env_world, init_group
 from medclr.errors import MedclrError
 from medclr.files import atomic_path, write_text
 from medclr.io import IMAGE_SUFFIXES
-from medclr.io.dicom import is_dicom
+from medclr.io.dicom import ARCHIVE_FIELDS, is_dicom
 
 log = logging.getLogger("medclr.score")
 RUN_NAME = "run.json"
@@ -135,6 +135,9 @@ class ScoreOptions:
     # decode every pixel and pass float32: the app's exact input. Off: JPEG and JPEG 2000 decode at a reduced
     # size and 8-bit sources travel as uint8 (docs/scoring.md, "Throughput")
     full_decode: bool = False
+    # the DICOM header's view position and study / series / instance UIDs as columns, so the table joins back
+    # to the PACS (identifiers: the table is then as sensitive as the archive; docs/scoring.md)
+    uids: bool = True
 
     @property
     def decode(self) -> str:
@@ -147,7 +150,9 @@ def _check_run(parts: Path, run: dict[str, Any]) -> None:
         before = json.loads(path.read_text())
         before.setdefault("decode", "full")  # runs recorded before the reduced decode decoded in full
         before.setdefault("findings", None)  # runs recorded before calibration: raw probabilities
-        for key in ("weights_sha256", "preprocess", "embeddings", "classes", "tau", "root", "decode", "findings"):
+        before.setdefault("uids", False)  # runs recorded before the archive columns
+        for key in ("weights_sha256", "preprocess", "embeddings", "classes", "tau", "root", "decode", "findings",
+                    "uids"):
             if key == "root" and key not in before:
                 continue  # runs recorded before the archive root was checked
             if before.get(key) != run.get(key):
@@ -156,6 +161,7 @@ def _check_run(parts: Path, run: dict[str, Any]) -> None:
                 raise MedclrError(
                     f"{parts} holds a run with a different {key} ({shown}); "
                     + ("resume it with --full-decode, or " if key == "decode" and before[key] == "full" else "")
+                    + ("resume it with --no-uids, or " if key == "uids" and not before[key] else "")
                     + "use another --out, or delete that folder to start over")
     else:
         write_text(path, json.dumps(run, indent=2, sort_keys=True))
@@ -182,7 +188,7 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
            "preprocess": {"image_size": engine.preprocess.image_size, "resize": engine.preprocess.resize_to},
            "embeddings": bool(opts.embeddings), "classes": classes, "tau": engine.tau,
            "root": str((root / single if single else root).resolve()),
-           "decode": opts.decode, "findings": engine.findings_record}
+           "decode": opts.decode, "findings": engine.findings_record, "uids": bool(opts.uids)}
     if rank == 0:
         _check_run(parts, run)
     group = _init_group(world)
@@ -213,7 +219,7 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     stats["seconds"] = time.perf_counter() - start
     _barrier(group)
     if rank == 0:
-        stats["merged"] = merge(out, classes, opts.embeddings, notes)
+        stats["merged"] = merge(out, classes, opts.embeddings, notes, opts.uids)
     _barrier(group)
     return stats
 
@@ -239,7 +245,8 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
     def flush() -> None:
         nonlocal seq, pending
         if pending:
-            _write_atomic(_table(pending, classes, opts.embeddings), parts / f"part-r{rank:03d}-{seq:06d}.parquet")
+            _write_atomic(_table(pending, classes, opts.embeddings, opts.uids),
+                          parts / f"part-r{rank:03d}-{seq:06d}.parquet")
             seq, pending = seq + 1, []
             counts["parts"] += 1
 
@@ -259,7 +266,7 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
             row: dict[str, Any] = {"path": todo[i], "ok": bool(ok[j]), "error": error, "size": size,
                                    "mtime_ns": mtime_ns, "run": this_run,
                                    "height": int(batch["height"][j]), "width": int(batch["width"][j]),
-                                   "caution": batch["caution"][j]}
+                                   "caution": batch["caution"][j], "fields": batch["fields"][j]}
             if ok[j]:
                 row["probs"] = probs[k]
                 row["embedding"] = emb[k] if emb is not None else None
@@ -278,7 +285,7 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
     return counts
 
 
-def _table(rows: list[dict[str, Any]], classes: list[str], embeddings: bool) -> pa.Table:
+def _table(rows: list[dict[str, Any]], classes: list[str], embeddings: bool, uids: bool) -> pa.Table:
     n = len(rows)
     cols: dict[str, Any] = {
         "path": pa.array([r["path"] for r in rows], pa.string()),
@@ -291,6 +298,8 @@ def _table(rows: list[dict[str, Any]], classes: list[str], embeddings: bool) -> 
         "width": pa.array([r["width"] for r in rows], pa.int32()),
         "caution": pa.array([r["caution"] for r in rows], pa.string()),
     }
+    for name in ARCHIVE_FIELDS if uids else ():
+        cols[name] = pa.array([r["fields"].get(name, "") for r in rows], pa.string())
     for c, name in enumerate(classes):
         cols[name] = pa.array([float(r["probs"][c]) if r["ok"] else None for r in rows], pa.float32())
     if embeddings:
@@ -300,15 +309,15 @@ def _table(rows: list[dict[str, Any]], classes: list[str], embeddings: bool) -> 
     return pa.table(cols)
 
 
-def merge(out: Path, classes: list[str], embeddings: bool, notes: dict[str, str | None] | None = None
-          ) -> dict[str, int]:
+def merge(out: Path, classes: list[str], embeddings: bool, notes: dict[str, str | None] | None = None,
+          uids: bool = True) -> dict[str, int]:
     """Rebuild OUT (ok rows) and the errors table from the newest row of each path in all parts, atomically;
     OUT gets a ``<class> reason`` column per class from ``notes`` (``Inference.calibrated``)."""
     parts = sorted(parts_dir(out).glob("part-*.parquet"))
     if parts:
         table = pa.concat_tables([pq.read_table(p) for p in parts], promote_options="default")
     else:
-        table = _table([], classes, embeddings)
+        table = _table([], classes, embeddings, uids)
     if "run" not in table.column_names:  # parts written before runs were numbered
         table = table.append_column("run", pa.array(np.zeros(table.num_rows, np.int32)))
     newest: dict[str, tuple[int, int]] = {}  # path -> (run, row)

@@ -299,3 +299,37 @@ def test_one_file_into_a_csv_table(engine, tmp_path, capsys):  # noqa: F811
     assert (tmp_path / "scores.errors.csv").is_file() and pd.read_csv(tmp_path / "scores.errors.csv").empty
     assert medclr_main([*argv[:6], str(tmp_path / "e.csv"), "--embeddings"]) == 1
     assert "--embeddings needs a .parquet --out" in capsys.readouterr().err
+
+
+def test_real_dicoms_into_csv_with_their_uids_and_view(engine, tmp_path):  # noqa: F811
+    """A folder of real chest CR DICOMs (pydicom-data's RG1/RG3, uncompressed and JPEG 2000) scored into a CSV
+    whose view / study / series / instance UID columns are the headers' own, so the table joins back to the PACS;
+    --no-uids leaves them out; a PNG gets empty fields."""
+    import pydicom
+
+    from medclr.cli import main as medclr_main
+
+    root = tmp_path / "archive"
+    root.mkdir()
+    names = ["RG1_UNCI.dcm", "RG1_J2KR.dcm", "RG3_UNCR.dcm"]
+    for name in names:
+        shutil.copy(rg1_path(name), root / name)
+    Image.fromarray(np.zeros((40, 50), np.uint8)).save(root / "photo.png")
+    out = tmp_path / "scores.csv"
+    argv = ["score", "--checkpoint", str(engine.checkpoint_dir), "--input", str(root), "--out", str(out),
+            "--workers", "0", "--no-progress", "--threads", "1"]
+    assert medclr_main(argv) == 0
+    df = pd.read_csv(out, dtype=str, keep_default_na=False).set_index("path")
+    assert sorted(df.index) == sorted(names + ["photo.png"])
+    for name in names:
+        ds = pydicom.dcmread(root / name, stop_before_pixels=True)
+        row = df.loc[name]
+        assert (row["study_uid"], row["series_uid"], row["sop_uid"]) == (
+            ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.SOPInstanceUID)
+        assert row["view"] == str(ds.get("ViewPosition", "")).strip().upper()
+    assert (df.loc["photo.png", ["view", "study_uid", "sop_uid"]] == "").all()
+    # resuming the same --out without the columns is refused (the tables would not match); a new --out is fine
+    assert medclr_main([*argv, "--no-uids"]) == 1
+    bare = tmp_path / "bare.parquet"
+    assert medclr_main([*argv[:6], str(bare), *argv[7:], "--no-uids"]) == 0
+    assert not {"view", "study_uid", "series_uid", "sop_uid"} & set(pd.read_parquet(bare).columns)

@@ -24,7 +24,7 @@ import torch
 
 from medclr.errors import MedclrError
 from medclr.geometry import CropGeometry, centre_crop, resize_shorter_side, resized_shape
-from medclr.io import MAX_PIXELS, DecodedImage, read_image_reduced, read_image_with_caution
+from medclr.io import MAX_PIXELS, DecodedImage, read_image_reduced
 from medclr.io.limits import MIN_SIDE, image_problem  # noqa: F401 - MIN_SIDE re-exported
 
 DEFAULT_IMAGE_SIZE = 224
@@ -95,11 +95,9 @@ class ImageFiles(torch.utils.data.Dataset):
         return len(self.paths)
 
     def _decode(self, path: str) -> tuple[DecodedImage, str]:
-        # a DICOM header that says "maybe not a chest radiograph" (OT, another body part) travels with the scores
-        if self.reduced:
-            return read_image_reduced(path, self.pre.resize_to, max_pixels=self.max_pixels)
-        arr, caution = read_image_with_caution(path, max_pixels=self.max_pixels)
-        return DecodedImage.full(arr), caution
+        # a DICOM header that says "maybe not a chest radiograph" (OT, another body part) travels with the scores,
+        # and so do its archive fields (view, UIDs); min_side None decodes every pixel
+        return read_image_reduced(path, self.pre.resize_to if self.reduced else None, max_pixels=self.max_pixels)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         c = int(self.pre.image_size)
@@ -109,11 +107,11 @@ class ImageFiles(torch.utils.data.Dataset):
             if self.uint8 and image.bits <= 8:
                 tensor = tensor.mul_(255.0).round_().to(torch.uint8)
             return {"i": i, "tensor": tensor, "ok": True, "error": "", "height": geo.height, "width": geo.width,
-                    "caution": caution}
+                    "caution": caution, "fields": image.fields}
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded error row
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return {"i": i, "tensor": torch.zeros(1, c, c, dtype=torch.uint8 if self.uint8 else torch.float32),
-                    "ok": False, "error": msg, "height": 0, "width": 0, "caution": ""}
+                    "ok": False, "error": msg, "height": 0, "width": 0, "caution": "", "fields": {}}
 
 
 def collate_images(batch: list[dict[str, Any]]) -> dict[str, Any]:
@@ -129,6 +127,7 @@ def collate_images(batch: list[dict[str, Any]]) -> dict[str, Any]:
         "height": [b["height"] for b in batch],
         "width": [b["width"] for b in batch],
         "caution": [b["caution"] for b in batch],
+        "fields": [b["fields"] for b in batch],
     }
 
 

@@ -10,6 +10,7 @@ Lossless and JPEG-LS, imagecodecs (``medclr.io.jpeg12``, when installed) for 12-
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from io import BytesIO
@@ -88,6 +89,18 @@ def read_dicom_header(path: str | Path) -> dict:
     """View, size, pixel spacing and photometric facts; never names, ids or dates of the patient."""
     path = Path(path)
     return header_of(path, _open(path, stop_before_pixels=True))
+
+
+# Where an image belongs in its archive: identifiers of the study, series and instance (not of the patient,
+# but linkable to one through the PACS: a table holding them is as sensitive as the archive) and the view.
+ARCHIVE_FIELDS = ("view", "study_uid", "series_uid", "sop_uid")
+
+
+def archive_fields(ds: pydicom.Dataset) -> dict[str, str]:
+    """:data:`ARCHIVE_FIELDS` of a dataset already read ("" where absent)."""
+    uid = {key: str(ds.get(tag, "") or "").strip() for key, tag in
+           (("study_uid", "StudyInstanceUID"), ("series_uid", "SeriesInstanceUID"), ("sop_uid", "SOPInstanceUID"))}
+    return {"view": _view(ds), **uid}
 
 
 def header_of(path: Path, ds: pydicom.Dataset) -> dict:
@@ -290,10 +303,11 @@ def read_dicom_reduced(path: str | Path, min_side: int | None,
         reduced = _decode_reduced(path, ds, min_side)
     except Exception:  # noqa: BLE001 - a stream the reduced decoder refuses is decoded whole, as before
         reduced = None
+    fields = archive_fields(ds)
     if reduced is None:
-        return DecodedImage.full(display(decode_pixels(path, ds), ds), bits), note
+        return dataclasses.replace(DecodedImage.full(display(decode_pixels(path, ds), ds), bits), fields=fields), note
     arr, scale, origin = reduced
-    return DecodedImage(display(arr, ds), int(ds.Rows), int(ds.Columns), scale, origin, bits), note
+    return DecodedImage(display(arr, ds), int(ds.Rows), int(ds.Columns), scale, origin, bits, fields), note
 
 
 def _decode_reduced(path: Path, ds: pydicom.Dataset, min_side: int | None) -> tuple[np.ndarray, int, float] | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from io import BytesIO
 
 import numpy as np
@@ -46,6 +46,9 @@ class DecodedImage:
     scale: int = 1
     origin: float = 0.0
     bits: int = 16
+    # what a DICOM header says about where the image belongs (``medclr.io.dicom.ARCHIVE_FIELDS``): view position
+    # and the study / series / instance UIDs; empty for rasters, which carry no header
+    fields: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def full(cls, pixels: np.ndarray, bits: int = 16) -> DecodedImage:
