@@ -57,6 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="TABLE",
                         help="results table to write: .parquet or .csv (the errors table takes the same format)")
     parser.add_argument("--embeddings", action="store_true", help="also store each image's global embedding")
+    parser.add_argument("--prompts", metavar="FILE", default=None,
+                        help="YAML/JSON of class -> {positive: [...], negative: [...]} to score instead of the CheX5 "
+                             "pairs (docs/evaluation.md has the format); the checkpoint's calibration covers the "
+                             "CheX5 pairs only, so these columns hold the raw softmax over each pair, with a reason")
     parser.add_argument("--no-uids", dest="uids", action="store_false",
                         help="leave out the DICOM columns view, study_uid, series_uid, sop_uid (on by default so the "
                              "table joins back to the PACS; UIDs identify studies, so the table is then as sensitive "
@@ -94,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
     from medclr.app.scoring import ScoreOptions, score_tree
     from medclr.distributed import cleanup, env_world
     from medclr.inference import load_checkpoint
+    from medclr.prompts import load_prompts
 
+    prompts = load_prompts(args.prompts) if args.prompts else None  # a bad file fails before the model loads
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     rank, _, local_rank = env_world()
@@ -103,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     workers = default_workers(device) if args.workers is None else args.workers
     opts = ScoreOptions(batch_size=args.batch_size, workers=workers, embeddings=args.embeddings,
                         part_files=args.part_files, max_pixels=args.max_pixels, progress=not args.no_progress,
-                        full_decode=args.full_decode, uids=args.uids)
+                        full_decode=args.full_decode, uids=args.uids,
+                        prompts=prompts)
     try:
         stats = score_tree(engine, Path(args.input), Path(args.out), opts)
     finally:

@@ -1,4 +1,4 @@
-"""Batch scoring of a radiograph archive: CheX5 zero-shot probabilities (and embeddings) per image.
+"""Batch scoring of a radiograph archive: CheX5 (or ``--prompts``) zero-shot probabilities (and embeddings) per image.
 
 The probabilities are the engine's calibrated ones (``Inference.calibrated``): a finding the checkpoint
 does not read is NaN, and the column ``<class> reason`` says why (null where the finding is read; the
@@ -138,6 +138,9 @@ class ScoreOptions:
     # the DICOM header's view position and study / series / instance UIDs as columns, so the table joins back
     # to the PACS (identifiers: the table is then as sensitive as the archive; docs/scoring.md)
     uids: bool = True
+    # class -> {"positive": [...], "negative": [...]} (``medclr.prompts.load_prompts``); None: the CheX5 pairs,
+    # the only prompts the checkpoint's validation calibrated (others give the raw softmax, with a reason)
+    prompts: dict | None = None
 
     @property
     def decode(self) -> str:
@@ -151,8 +154,9 @@ def _check_run(parts: Path, run: dict[str, Any]) -> None:
         before.setdefault("decode", "full")  # runs recorded before the reduced decode decoded in full
         before.setdefault("findings", None)  # runs recorded before calibration: raw probabilities
         before.setdefault("uids", False)  # runs recorded before the archive columns
+        before.setdefault("prompts", None)  # runs recorded before --prompts: the CheX5 pairs
         for key in ("weights_sha256", "preprocess", "embeddings", "classes", "tau", "root", "decode", "findings",
-                    "uids"):
+                    "uids", "prompts"):
             if key == "root" and key not in before:
                 continue  # runs recorded before the archive root was checked
             if before.get(key) != run.get(key):
@@ -183,12 +187,13 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     rank, world, _ = env_world()
     parts = parts_dir(out)
     parts.mkdir(parents=True, exist_ok=True)
-    classes = list(engine.prompt_embeddings())
+    classes = list(engine.prompt_embeddings(opts.prompts))
     run = {"weights_sha256": engine.weights_sha256, "checkpoint": str(engine.checkpoint_dir),
            "preprocess": {"image_size": engine.preprocess.image_size, "resize": engine.preprocess.resize_to},
            "embeddings": bool(opts.embeddings), "classes": classes, "tau": engine.tau,
            "root": str((root / single if single else root).resolve()),
-           "decode": opts.decode, "findings": engine.findings_record, "uids": bool(opts.uids)}
+           "decode": opts.decode, "findings": engine.findings_record, "uids": bool(opts.uids),
+           "prompts": opts.prompts}
     if rank == 0:
         _check_run(parts, run)
     group = _init_group(world)
@@ -215,7 +220,7 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     start = time.perf_counter()
     if todo:
         stats.update(_score_files(engine, root, todo, prints, this_run, parts, rank, seq, classes, opts))
-    notes = engine.finding_notes(classes)
+    notes = engine.finding_notes(classes, opts.prompts)
     stats["seconds"] = time.perf_counter() - start
     _barrier(group)
     if rank == 0:
@@ -239,8 +244,7 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
         bar = tqdm(total=len(todo), unit="img", desc=f"scoring (rank {rank})" if env_world()[1] > 1 else "scoring")
     pending: list[dict[str, Any]] = []
     counts = {"scored": 0, "errors": 0, "parts": 0}
-    prompts = engine.prompt_embeddings()  # encode the prompts once, before the loop
-    del prompts
+    engine.prompt_embeddings(opts.prompts)  # encode the prompts once, before the loop (the engine caches them)
 
     def flush() -> None:
         nonlocal seq, pending
@@ -256,8 +260,8 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
         if ok.any():
             images = batch["tensor"] if ok.all() else batch["tensor"][ok]  # indexing would unpin the batch
             feats = engine.image_features(model_input(images, engine.device))
-            _, raw, s_pos, s_neg = engine.zero_shot_scores(feats)
-            probs, _notes = engine.calibrated(classes, raw, s_pos, s_neg)
+            _, raw, s_pos, s_neg = engine.zero_shot_scores(feats, opts.prompts)
+            probs, _notes = engine.calibrated(classes, raw, s_pos, s_neg, opts.prompts)
             emb = feats.global_emb.float().cpu().numpy() if opts.embeddings else None
         k = 0
         for j, i in enumerate(batch["i"].tolist()):

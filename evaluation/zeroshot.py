@@ -19,21 +19,19 @@ Protocol (``docs/evaluation.md``, section "Zero-shot"):
   label value only is skipped in that resample.
 
 :func:`zero_shot_metrics` lives in the core (``medclr.metrics``), because training's validation AUC
-computes it too; it is re-exported here under its protocol name.
+computes it too; it is re-exported here under its protocol name, as the prompt-file reader
+(:func:`load_prompts`, ``medclr.prompts``: `medclr score --prompts` reads the same files).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 
 from medclr.data.labels import CHEX5
-from medclr.errors import MedclrError
 from medclr.metrics import zero_shot_metrics  # shared with training's validation AUC
-from medclr.prompts import CHEX5_PROMPTS, PromptSet, reduce_prompts
+from medclr.prompts import CHEX5_PROMPTS, PromptFileError, PromptSet, load_prompts, reduce_prompts, validate_prompts
 
 __all__ = [
     "CHEX5",
@@ -52,67 +50,6 @@ __all__ = [
 #: "Pleural Effusion"). One table for the whole project: it lives in ``medclr.prompts`` (the model
 #: side, which must not import ``evaluation``) and is re-exported here under its protocol name.
 PAPER_PROMPTS: PromptSet = CHEX5_PROMPTS
-
-
-class PromptFileError(MedclrError, ValueError):
-    """A prompt file is missing, unreadable or not in the expected shape."""
-
-
-# --------------------------------------------------------------------------- prompts
-
-
-def _as_list(value: object, where: str) -> list[str]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not items or not all(isinstance(p, str) and p.strip() for p in items):
-        raise PromptFileError(f"{where}: expected a non-empty string or list of non-empty strings")
-    return [p.strip() for p in items]
-
-
-def validate_prompts(data: object, source: str = "prompts") -> PromptSet:
-    """Check and normalise ``{class: {"positive": str | [str], "negative": str | [str]}}``."""
-    if not isinstance(data, Mapping) or not data:
-        raise PromptFileError(f"{source}: expected a mapping of class name -> {{positive, negative}}")
-    out: PromptSet = {}
-    for cls, sides in data.items():
-        if not isinstance(sides, Mapping):
-            raise PromptFileError(f"{source}: class {cls!r}: expected keys 'positive' and 'negative'")
-        extra = set(sides) - {"positive", "negative"}
-        if extra or not {"positive", "negative"} <= set(sides):
-            raise PromptFileError(
-                f"{source}: class {cls!r}: expected exactly keys 'positive' and 'negative', got {sorted(sides)}"
-            )
-        out[str(cls)] = {
-            side: _as_list(sides[side], f"{source}: class {cls!r}, {side}") for side in ("positive", "negative")
-        }
-    return out
-
-
-def load_prompts(path: str | Path) -> PromptSet:
-    """Read a prompt set from YAML (``.yaml``/``.yml``) or JSON (anything else)::
-
-        Cardiomegaly:
-          positive: [Cardiomegaly, The heart is enlarged]
-          negative: Heart size normal
-
-    Each side takes one string or a list; a class may be any label name (not only CheX5).
-    Raises :class:`PromptFileError` (one line naming the file and field) on bad input.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PromptFileError(f"{p}: cannot read prompt file ({exc.strerror or exc})") from None
-    try:
-        if p.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PromptFileError(f"{p}: not valid {'YAML' if p.suffix.lower() in ('.yaml', '.yml') else 'JSON'}: {first}") from None
-    return validate_prompts(data, str(p))
 
 
 # --------------------------------------------------------------------------- scores

@@ -16,10 +16,13 @@ the only copy: `medclr eval`, the app and training's validation AUC all call the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from medclr.data.labels import CHEX5
+from medclr.errors import MedclrError
 
 #: class -> {"positive": [...], "negative": [...]}
 PromptSet = dict[str, dict[str, list[str]]]
@@ -115,5 +118,64 @@ def zero_shot_scores(similarity: Callable[[Any, Any], Any], image, embeddings: M
     return classes, sim[..., 0], sim[..., 1]
 
 
-__all__ = ["BUILTIN_PROMPTS", "CHEX5", "CHEX5_PROMPTS", "CHEX5_REPORT_PROMPTS", "PromptSet", "copy_prompts",
-           "prompt_embeddings", "reduce_prompts", "zero_shot_scores"]
+__all__ = ["BUILTIN_PROMPTS", "CHEX5", "CHEX5_PROMPTS", "CHEX5_REPORT_PROMPTS", "PromptFileError", "PromptSet",
+           "copy_prompts", "load_prompts", "prompt_embeddings", "reduce_prompts", "validate_prompts",
+           "zero_shot_scores"]
+
+
+class PromptFileError(MedclrError, ValueError):
+    """A prompt file is missing, unreadable or not in the expected shape."""
+
+
+def _as_list(value: object, where: str) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(p, str) and p.strip() for p in items):
+        raise PromptFileError(f"{where}: expected a non-empty string or list of non-empty strings")
+    return [p.strip() for p in items]
+
+
+def validate_prompts(data: object, source: str = "prompts") -> PromptSet:
+    """Check and normalise ``{class: {"positive": str | [str], "negative": str | [str]}}``."""
+    if not isinstance(data, Mapping) or not data:
+        raise PromptFileError(f"{source}: expected a mapping of class name -> {{positive, negative}}")
+    out: PromptSet = {}
+    for cls, sides in data.items():
+        if not isinstance(sides, Mapping):
+            raise PromptFileError(f"{source}: class {cls!r}: expected keys 'positive' and 'negative'")
+        extra = set(sides) - {"positive", "negative"}
+        if extra or not {"positive", "negative"} <= set(sides):
+            raise PromptFileError(
+                f"{source}: class {cls!r}: expected exactly keys 'positive' and 'negative', got {sorted(sides)}"
+            )
+        out[str(cls)] = {
+            side: _as_list(sides[side], f"{source}: class {cls!r}, {side}") for side in ("positive", "negative")
+        }
+    return out
+
+
+def load_prompts(path: str | Path) -> PromptSet:
+    """Read a prompt set from YAML (``.yaml``/``.yml``) or JSON (anything else)::
+
+        Cardiomegaly:
+          positive: [Cardiomegaly, The heart is enlarged]
+          negative: Heart size normal
+
+    Each side takes one string or a list; a class may be any label name (not only CheX5).
+    Raises :class:`PromptFileError` (one line naming the file and field) on bad input.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PromptFileError(f"{p}: cannot read prompt file ({exc.strerror or exc})") from None
+    try:
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PromptFileError(f"{p}: not valid {'YAML' if p.suffix.lower() in ('.yaml', '.yml') else 'JSON'}: {first}") from None
+    return validate_prompts(data, str(p))

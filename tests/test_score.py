@@ -333,3 +333,38 @@ def test_real_dicoms_into_csv_with_their_uids_and_view(engine, tmp_path):  # noq
     bare = tmp_path / "bare.parquet"
     assert medclr_main([*argv[:6], str(bare), *argv[7:], "--no-uids"]) == 0
     assert not {"view", "study_uid", "series_uid", "sop_uid"} & set(pd.read_parquet(bare).columns)
+
+
+def test_custom_prompts_are_scored_raw_with_a_reason(engine, tmp_path, capsys):  # noqa: F811
+    """--prompts FILE scores its own classes; the checkpoint's calibration covers the CheX5 pairs only, so the
+    columns hold the raw softmax over each pair (as the engine computes it) and the reason says so; a bad
+    file is one line before the model loads."""
+    import yaml
+
+    from medclr.cli import main as medclr_main
+
+    prompts = {"Pacemaker": {"positive": ["Pacemaker leads in place"], "negative": "No pacemaker"},
+               "Cardiomegaly": {"positive": "The heart is enlarged", "negative": ["Heart size is normal"]}}
+    path = tmp_path / "prompts.yaml"
+    path.write_text(yaml.safe_dump(prompts))
+    src = tmp_path / "in" / "rg1.dcm"
+    src.parent.mkdir()
+    shutil.copy(rg1_path(), src)
+    out = tmp_path / "s.parquet"
+    argv = ["score", "--checkpoint", str(engine.checkpoint_dir), "--input", str(src), "--out", str(out),
+            "--workers", "0", "--no-progress", "--threads", "1", "--full-decode", "--prompts", str(path)]
+    assert medclr_main(argv) == 0
+    row = pd.read_parquet(out).iloc[0]
+    from medclr.prompts import validate_prompts
+
+    want = validate_prompts(prompts)
+    classes, raw, _, _ = engine.zero_shot_scores(engine.encode(str(src)).features, want)
+    assert list(classes) == ["Pacemaker", "Cardiomegaly"] and "Edema" not in row
+    np.testing.assert_allclose([row["Pacemaker"], row["Cardiomegaly"]], raw[0], atol=1e-5)
+    # the engine's reason for raw scores: not validated (this checkpoint), or calibrated for the default prompts only
+    assert row["Pacemaker reason"] == engine.finding_notes(classes, want)["Pacemaker"] and row["Pacemaker reason"]
+    capsys.readouterr()
+    (tmp_path / "bad.yaml").write_text("Pacemaker: {positive: Leads}\n")
+    assert medclr_main([*argv[:-1], str(tmp_path / "bad.yaml")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.yaml" in err[0] and "'positive' and 'negative'" in err[0]
