@@ -3,6 +3,7 @@ limit, the Eq. 9 fixed point of zeta, table semantics (eval, duplicates, checkpo
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -439,3 +440,28 @@ def test_hook_options_are_checked_and_a_whole_run_freeze_warns():
     assert loss.freeze_zeta_steps == 10 and "covers the whole run (10 steps)" in warning
     assert loss.configure(num_samples=n, steps_per_epoch=2, total_steps=11) == []
     assert build_loss("infonce").configure(num_samples=n, steps_per_epoch=2, total_steps=11) == []  # the default hooks
+
+
+def test_fixed_point_of_the_sentence_tied_zeta_objective():
+    """bench/nuclr_zeta_fixed_point.py solves Eq. 10 with zeta tied per sentence: at its optimum every sentence's
+    copies receive, together, the softmax mass of their count (the first-order condition), and a sentence that
+    fits more anchors gets the larger zeta."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "nuclr_zeta_fixed_point", Path(__file__).parents[1] / "bench" / "nuclr_zeta_fixed_point.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = np.random.default_rng(0)
+    n, tau = 40, 0.1
+    sid = rng.integers(0, 6, n)
+    s = rng.normal(0, 0.2, (n, n))
+    s[:, sid == 2] += 0.3  # sentence 2 fits every anchor better: a popular one
+    d = s - np.diag(s)[:, None]
+    z = mod.solve_tied_zeta(d, sid, tau)
+    logits = (d - z[sid][None, :]) / tau
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    mass = (p / p.sum(axis=1, keepdims=True)).sum(axis=0)
+    np.testing.assert_allclose(np.bincount(sid, weights=mass), np.bincount(sid).astype(float), atol=1e-5)
+    assert abs(z.mean()) < 1e-12 and int(np.argmax(z)) == 2
