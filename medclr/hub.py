@@ -17,7 +17,8 @@ from medclr.errors import MedclrError
 
 __all__ = ["WHAT_TO_PASS", "looks_like_path", "one_line", "quiet_transformers", "resolve_model_dir"]
 
-WHAT_TO_PASS = "pass a local model directory (e.g. the output of `medclr lm fit`), or allow_network=True"
+WHAT_TO_PASS = ("pass a local model directory (e.g. the output of `medclr lm fit`), or allow the download: "
+                "model.allow_network=true for `medclr train`, --allow-network for `medclr lm`, allow_network=True in Python")
 
 # "name" or "org/name", as the hub spells ids; anything else is a path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?$")
@@ -100,8 +101,8 @@ def resolve_model_dir(
             raise MedclrError(f"{what} {name!r}: could not be fetched (offline? HF_HUB_OFFLINE set?); "
                               "pass a local model directory") from exc
         raise MedclrError(
-            f"{what} {name!r}: not a local directory and not in the Hugging Face cache (no download "
-            f"without allow_network=True); {WHAT_TO_PASS}"
+            f"{what} {name!r}: not a local directory and not in the Hugging Face cache (nothing is downloaded "
+            f"unless allowed); {WHAT_TO_PASS}"
         ) from exc
     except OSError as exc:  # repository not found, gated, HTTP errors
         raise MedclrError(f"{what} {name!r}: cannot be fetched from the hub ({exc.__class__.__name__}); "

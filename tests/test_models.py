@@ -287,6 +287,22 @@ def test_unreachable_hub_id_is_one_clear_error(tmp_path, no_network):
     assert no_network == []
 
 
+def test_a_missing_hub_model_is_refused_before_the_image_tower_is_built(monkeypatch, no_network):
+    """The advice names what works (a local folder, model.allow_network=true for training, which the config
+    accepts), and comes before any weight is built."""
+    import medclr.models.dual as dual
+    from medclr.models import build_dual_encoder
+    from medclr.training.config import load_config
+
+    monkeypatch.setattr(dual, "ImageEncoder", lambda *a, **k: pytest.fail("the image tower was built first"))
+    with pytest.raises(MedclrError) as err:
+        build_dual_encoder("medclr-test-org/no-such-model-7f3a")
+    assert "model.allow_network=true" in str(err.value) and "--allow-network" in str(err.value)
+    cfg = load_config("infonce", ["model.allow_network=true", "model.trust_remote_code=false", "out=x", "data.manifest=m"])
+    assert cfg["model"]["allow_network"] is True and cfg["model"]["trust_remote_code"] is False
+    assert no_network == []
+
+
 def test_trust_remote_code_never_implicit(tmp_path, mlm_dir, monkeypatch, no_network):
     import transformers
 

@@ -240,7 +240,8 @@ def _build(plan: Plan, env: DistEnv) -> tuple[nn.Module, ContrastiveLoss]:
     model = build_dual_encoder(plan.text_model, arch=m["arch"], joint_dim=int(m["joint_dim"]), head=head,
                                image_pretrained=m["image_pretrained"], projector=m["projector"],
                                channels_last=channels_last, pooling=m["pooling"], max_length=int(m["max_length"]),
-                               output_stride=int(m["output_stride"]), stages=int(m["stages"]))
+                               output_stride=int(m["output_stride"]), stages=int(m["stages"]),
+                               allow_network=bool(m["allow_network"]), trust_remote_code=bool(m["trust_remote_code"]))
     if m["head"] != "cosine":
         model.head.trained = True  # the loss scores pairs through it (TwoTower, score_blocks)
     if env.is_main:

@@ -165,6 +165,10 @@ def build_dual_encoder(
     """A fresh model for training: ResNet trunk (ImageNet init only if cached) + the text model at
     ``text_model`` (local dir or cached hub id) + a head. Seed torch before calling for a
     reproducible initialisation."""
+    from medclr.hub import resolve_model_dir
+
+    # the text model is found first: a missing one is one line before the image tower is built
+    resolve_model_dir(text_model, allow_network=allow_network, trust_remote_code=trust_remote_code)
     image = ImageEncoder(arch, joint_dim=joint_dim, projector=projector, pretrained=image_pretrained,
                          input_norm=input_norm, channels_last=channels_last, output_stride=output_stride,
                          stages=stages)
