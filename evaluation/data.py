@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from medclr.data.groundtruth import GROUND_TRUTH_FILE, attach_ground_truth  # the table `medclr phantom` writes
+from medclr.data.labels import CHEX5
 from medclr.errors import MedclrError
 from medclr.evaluation import grounding as G
 from medclr.models.image import ImageFeatures
@@ -84,7 +85,7 @@ def load_eval_data(path: str | os.PathLike) -> EvalData:
         if found:
             msrc = str(found[-1])  # the newest version when several are there
             mscxr = _attach_mscxr(df, read_mscxr(found[-1]), msrc, notes)
-        return add_latent_classes(EvalData(df, mscxr, str(p), msrc, notes))
+        return with_labels(add_latent_classes(EvalData(df, mscxr, str(p), msrc, notes)))
     if p.is_file():
         from medclr.data.manifest import read_manifest
 
@@ -105,9 +106,24 @@ def load_eval_data(path: str | os.PathLike) -> EvalData:
                 boxes["phrase_id"] = boxes.groupby(["dicom_id", "label_text"], sort=False).ngroup()
             msrc = str(beside)
             mscxr = _attach_mscxr(df, boxes, msrc, notes)
-        return add_latent_classes(EvalData(df, mscxr, str(p), msrc, notes))
+        return with_labels(add_latent_classes(EvalData(df, mscxr, str(p), msrc, notes)))
     raise MedclrError(f"--data {str(p)!r}: no such file or directory (expected a manifest .parquet or a "
                       "MIMIC-CXR-JPG / CXR-Phantom root)")
+
+
+def with_labels(data: EvalData) -> EvalData:
+    """A corpus whose manifest holds no CheX5 label at all gets them from its reports (``medclr.data.labeller``,
+    as `medclr label` writes them), with a note: zero-shot AUC then measures agreement with the report's words,
+    not with a radiologist's or a labeller's reading of the image."""
+    from medclr.data.labeller import label_manifest
+
+    df = data.manifest
+    if "sentences" not in df or any(c in df and df[c].notna().any() for c in CHEX5):
+        return data
+    data.manifest, filled = label_manifest(df, CHEX5)
+    data.notes.append(f"no CheX5 labels in the manifest: {', '.join(filled)} read from each report by medclr's rule "
+                      "labeller (`medclr label`; 1 stated, 0 negated, -1 hedged)")
+    return data
 
 
 def add_latent_classes(data: EvalData) -> EvalData:

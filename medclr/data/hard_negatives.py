@@ -257,6 +257,18 @@ _NORMAL_HEART = re.compile(r"\b(?:heart|cardiac|cardiomediastinal)\b[^.;]*\b(?:n
                            r"not enlarged)\b", re.IGNORECASE)
 
 
+def polarity(sentence: str) -> str:
+    """"+" a clean statement, "-" cleanly negated, "?" hedged or of mixed polarity (rule 1 above)."""
+    if is_negated(sentence):
+        return "-" if negate(sentence) is not None else "?"
+    return "+" if _states(sentence) else "?"
+
+
+def calls_heart_normal(sentence: str) -> bool:
+    """"Heart size is normal.": no cardiomegaly, said without naming it (and without a hedge)."""
+    return bool(_NORMAL_HEART.search(sentence)) and not _MIXED.search(sentence)
+
+
 @lru_cache(maxsize=65536)
 def meaning_key(sentence: str) -> str:
     """A label-free key of what a sentence states, read from its words: equal keys for paraphrases.
@@ -275,14 +287,11 @@ def meaning_key(sentence: str) -> str:
     text = " ".join(str(sentence).split())
     found = sorted(f for f, (p, _) in FINDINGS.items() if p.search(text))
     if found:
-        if is_negated(text):
-            polarity = "-" if negate(text) is not None else "?"
-        else:
-            polarity = "+" if _states(text) else "?"
+        sign = polarity(text)
         named = [side for side, p in _SIDES.items() if p.search(text)]
-        side = f":{named[0]}" if polarity == "+" and len(named) == 1 and not _BOTH_SIDES.search(text) else ""
-        return polarity + "|".join(found) + side
-    if _NORMAL_HEART.search(text) and not _MIXED.search(text):
+        side = f":{named[0]}" if sign == "+" and len(named) == 1 and not _BOTH_SIDES.search(text) else ""
+        return sign + "|".join(found) + side
+    if calls_heart_normal(text):
         return "-cardiomegaly"
     if _NORMAL_WORDS.search(text) and not _MIXED.search(text):
         return "normal"

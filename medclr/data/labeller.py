@@ -1,0 +1,108 @@
+"""A CheXpert-style rule labeller: CheX5 labels (1 positive, 0 negative, -1 uncertain, NaN not mentioned) read
+from a report's own sentences, for corpora that come without labels (`medclr label`, and `medclr eval`'s
+zero-shot task when a manifest has none).
+
+Per class, every sentence that mentions the finding (``medclr.data.hard_negatives.FINDINGS``, the cues the
+hard negatives and the eta calibration already use) is a mention with the sentence's polarity
+(``hard_negatives.polarity``): a clean statement is positive, a clean negation ("No pneumothorax.", "There is
+no pleural effusion.") negative, a hedged or mixed one ("Possible small effusion.", "No change in the
+effusion.") uncertain. "Heart size is normal." is a negative mention of cardiomegaly without naming it. The
+report's label follows CheXpert's aggregation: positive if any mention is positive, else uncertain if any is,
+else negative if any is, else not mentioned.
+
+Why rules of our own: CheXpert's labeller (NegBio, Java/Python 2 era) and CheXbert (a BERT model with weights
+to download) are neither installable offline nor kept up; the cues chest reports use for these five findings
+are few, and the same cues already decide the hard negatives, so one reading of "what a sentence states"
+serves training and evaluation. Agreement with the phantom's truth is tested (tests/test_labeller.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from medclr.data.hard_negatives import FINDINGS, calls_heart_normal
+from medclr.data.labels import CHEX5
+
+# CheX5 class -> the FINDINGS entry that mentions it, and the further phrasings reports use for it (a labeller
+# needs them, a sentence rewrite does not: "enlarged cardiac silhouette", "CHF", "blunting of the costophrenic
+# angle" are how reports state these findings without naming them).
+CLASS_FINDING = {"Cardiomegaly": "cardiomegaly", "Edema": "edema", "Pleural Effusion": "pleural effusion",
+                 "Pneumonia": "pneumonia", "Pneumothorax": "pneumothorax"}
+_MORE = {
+    "Cardiomegaly": r"\benlarged (?:heart|cardiac)\b|"
+                    r"\b(?:heart|cardiac silhouette|cardiac contour)\b[^.;]{0,45}\b(?:enlarged|large)\b|"
+                    r"\bcardiac enlargement\b|\bborderline (?:heart|cardiac)\b|\bupper limits? of normal heart\b|"
+                    r"\b(?:heart|cardiac)\b[^.;]{0,40}\b(?:top normal|upper limits? (?:of )?normal|borderline)\b",
+    "Edema": r"\bchf\b|\bcongestive heart failure\b|\bcongesti(?:on|ve)\b|\bfluid overload\b|\bcephalization\b|"
+             r"\bvascular (?:prominence|indistinctness|engorgement)\b|\bindistinct\w* (?:pulmonary )?vascula\w+|"
+             r"\bincreased (?:pulmonary |interstitial )?(?:vascula\w+|interstitial markings)\b|"
+             r"\bvascula\w+ (?:markings )?(?:is|are) (?:\w+ )?(?:prominent|increased)\b",
+    "Pleural Effusion": r"\bpleural fluid\b|\bcostophrenic\b[^.;]{0,25}\bblunting\b|\bblunting\b[^.;]{0,40}\bcostophrenic\b",
+    "Pneumonia": r"\bpneumonias?\b",
+    "Pneumothorax": r"\bpleural air\b",
+}
+# NegEx (Chapman et al. 2001): a cue before the mention negates it unless a terminator stands between them
+# ("No effusion or pneumothorax." negates both; "Cardiomegaly without edema." negates only edema); a cue after
+# it ("... is not seen") negates it; a hedge anywhere in its sentence makes it uncertain.
+_NEG_BEFORE = re.compile(r"\b(?:no|not|without|negative for|free of|clear of|absence of|resolved|resolution of)\b",
+                         re.IGNORECASE)
+_TERMINATE = re.compile(r"\b(?:but|however|although|though|with|which|aside|except|apart|other than)\b|[;:]",
+                        re.IGNORECASE)
+_NEG_AFTER = re.compile(r"^[^.;]{0,20}?\b(?:(?:is|are|was|were|has|have been)\s+)?(?:not\s+(?:seen|identified|present|"
+                        r"visualized|appreciated|evident|demonstrated|noted)|absent|resolved)\b", re.IGNORECASE)
+_HEDGE = re.compile(r"\b(?:possibl[ey]|probabl[ey]|may|might|could|likely|suspect\w*|questionabl[ey]|question of|"
+                    r"concern\w*|cannot be (?:excluded|ruled out)|cannot exclude|not excluded|versus|vs|borderline|"
+                    r"upper limits? (?:of )?normal|top normal|equivocal|suggest\w*|suspicious)\b", re.IGNORECASE)
+_VALUE = {"+": 1.0, "?": -1.0, "-": 0.0}
+
+
+def _patterns(cls: str) -> list[re.Pattern[str]]:
+    return [FINDINGS[CLASS_FINDING[cls]][0], re.compile(_MORE[cls], re.IGNORECASE)]
+
+
+def mention(sentence: str, cls: str) -> float | None:
+    """The sentence's label for ``cls`` (1, 0, -1), or None when it does not mention the finding: its first
+    mention's polarity, negation scoped NegEx-style (a cue before it with no terminator between, or a cue
+    right after it), uncertainty by a hedge anywhere in the sentence."""
+    text = " ".join(str(sentence).split())
+    hits = [m for p in _patterns(cls) for m in p.finditer(text)]
+    if not hits:
+        return 0.0 if cls == "Cardiomegaly" and calls_heart_normal(text) else None
+    values = []
+    for m in hits:
+        before = text[: m.start()]
+        cue = next(reversed(list(_NEG_BEFORE.finditer(before))), None)  # the last cue before the mention
+        negated = ((cue is not None and not _TERMINATE.search(before[cue.end():])) or bool(_NEG_AFTER.match(text[m.end():]))
+                   or bool(_NEG_BEFORE.search(m.group(0))))  # "The heart is not enlarged."
+        values.append(0.0 if negated else (-1.0 if _HEDGE.search(text) else 1.0))
+    return next(v for v in (1.0, -1.0, 0.0) if v in values)
+
+
+def label_report(sentences: Sequence[str], classes: Sequence[str] = CHEX5) -> dict[str, float]:
+    """{class: 1.0 | 0.0 | -1.0 | nan} for one report, CheXpert's aggregation over its mentions."""
+    out = {}
+    for cls in classes:
+        found = {m for s in sentences if (m := mention(s, cls)) is not None}
+        out[cls] = next((v for v in (1.0, -1.0, 0.0) if v in found), math.nan)
+    return out
+
+
+def label_manifest(manifest, classes: Sequence[str] = CHEX5, overwrite: bool = False):
+    """(manifest with the rule labels in the ``classes`` columns, the classes it filled): a column that holds
+    any label already is kept unless ``overwrite``."""
+    import numpy as np
+
+    unknown = [c for c in classes if c not in CLASS_FINDING]
+    if unknown:
+        from medclr.errors import MedclrError
+
+        raise MedclrError(f"the rule labeller reads {', '.join(CLASS_FINDING)}; not {', '.join(unknown)}")
+    df = manifest.copy()
+    fill = [c for c in classes if overwrite or c not in df or df[c].isna().all()]
+    if fill:
+        rows = [label_report(list(s) if s is not None else [], fill) for s in df["sentences"]]
+        for c in fill:
+            df[c] = np.array([r[c] for r in rows], dtype=np.float64)
+    return df, fill
