@@ -152,9 +152,14 @@ def build_assets(root: str) -> dict[str, Path]:
     manifest = write_manifest(pd.DataFrame(rows), base / "manifest.parquet", images)
     eta = base / "eta.parquet"
     uniq = sorted({s for r in rows for s in r["sentences"]})
-    pd.DataFrame({"sentence": uniq, "hash": [sentence_hash(s) for s in uniq],
-                  "pll": [-3.0 - i for i in range(len(uniq))],
-                  "eta": [0.05 + 0.01 * i for i in range(len(uniq))]}).to_parquet(eta)
+    from medclr.lm.eta import TABLE_COLUMNS, write_eta_table
+
+    pll = [-3.0 - i for i in range(len(uniq))]
+    write_eta_table(pd.DataFrame({"sentence_hash": [sentence_hash(s) for s in uniq], "sentence": uniq,
+                                  "count": 1, "n_tokens": 4, "n_scored": 4, "pll": pll,
+                                  "pll_per_token": [p / 4 for p in pll],
+                                  "eta": [0.05 + 0.01 * i for i in range(len(uniq))]})[TABLE_COLUMNS],
+                    eta, {"norm": "sum", "eta_max": 0.5})
     ckpt = base / "checkpoint"
     if not (ckpt / "model.safetensors").is_file():
         make_checkpoint(ckpt, text, seed=0, eta_table=eta)

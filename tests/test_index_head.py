@@ -214,7 +214,7 @@ def test_older_index_without_cells_falls_back_with_a_warning(lse, assets, tmp_pa
     old = tmp_path / "old"
     shutil.copytree(full, old)
     meta = json.loads((old / MANIFEST_NAME).read_text())
-    del meta["head"]  # what an index written before the head re-ranking looks like
+    del meta["head"], meta["files"]  # what an index written before the head re-ranking looks like
     for name in (CELLS_NAME, CELL_IDS_NAME):
         (old / meta["data"] / name).unlink()
     (old / MANIFEST_NAME).write_text(json.dumps(meta))
