@@ -90,6 +90,22 @@ def test_csv_corpus(tmp_path):
     assert set(df["split"]) <= {"train", "validate", "test"}
 
 
+def test_csv_corpus_with_its_own_column_names(tmp_path, capsys):
+    """--image-col / --report-col / --split-col map a CSV's own names; a missing one is named in one line."""
+    from medclr.cli import main
+    from medclr.data.manifest import read_manifest
+
+    pd.DataFrame({"file": ["a.png", "b.png"], "findings_text": ["Small left effusion.", "Clear lungs."],
+                  "fold": ["train", "TEST"]}).to_csv(tmp_path / "export.csv", index=False)
+    argv = ["prepare", "--csv", str(tmp_path / "export.csv"), "--out", str(tmp_path / "m.parquet")]
+    assert main(argv) == 1 and "lacks column(s) ['image_path', 'report']" in capsys.readouterr().err
+    assert main([*argv, "--image-col", "file", "--report-col", "findings_text", "--split-col", "fold"]) == 0
+    df = read_manifest(tmp_path / "m.parquet")
+    assert df["image_path"].tolist() == ["a.png", "b.png"] and df["split"].tolist() == ["train", "test"]
+    assert df["sentences"].iat[0] == ["Small left effusion."]
+    assert main([*argv, "--image-col", "nope"]) == 1 and "'nope'" in capsys.readouterr().err
+
+
 def test_mscxr(tmp_path):
     rows = pd.DataFrame({"dicom_id": ["a", "a", "b"], "category_name": ["Pneumonia", "Pneumonia", "Cardiomegaly"],
                          "label_text": ["left opacity", "left opacity", "big heart"], "path": ["files/p1/a.jpg"] * 3,

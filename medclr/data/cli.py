@@ -20,6 +20,7 @@ EPILOG = """examples:
   medclr prepare --mimic /data/mimic-cxr-jpg --reports /data/mimic-cxr --out mimic.parquet
   medclr prepare --mimic phantom/ --views all --mscxr phantom/MS_CXR_Local_Alignment_v1.1.0.csv --out m.parquet
   medclr prepare --csv my_reports.csv --drop-empty --out mine.parquet
+  medclr prepare --csv export.csv --image-col file --report-col findings_text --out mine.parquet
 
 The manifest has one row per image-report pair (columns: index, subject_id, study_id,
 dicom_id, image_path, view, split, report, text, sentences, 14 CheXpert labels).
@@ -34,6 +35,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--openi", nargs="?", const="", metavar="PATH",
                      help="Open-i reports (NLMCXR_reports.tgz or folder; default: the copy in torchxrayvision)")
     src.add_argument("--csv", metavar="FILE", help="a corpus CSV: image_path,report[,split,labels...]")
+    parser.add_argument("--image-col", default="image_path", metavar="NAME",
+                        help="--csv: the column holding image paths (default image_path)")
+    parser.add_argument("--report-col", default="report", metavar="NAME",
+                        help="--csv: the column holding report text (default report)")
+    parser.add_argument("--split-col", default=None, metavar="NAME",
+                        help="--csv: the column holding train/validate/test (default split, when present)")
     parser.add_argument("--out", required=True, metavar="PARQUET", help="manifest to write")
     parser.add_argument("--mscxr", metavar="CSV", help="MS-CXR box CSV to attach (MS_CXR_Local_Alignment_v1.1.0.csv)")
     parser.add_argument("--reports", metavar="ROOT", help="MIMIC: where files/pXX/pSUBJECT/sSTUDY.txt live (default: ROOT)")
@@ -59,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.csv:
         from medclr.data.readers.csv_corpus import read_csv_corpus
 
-        df = read_csv_corpus(args.csv, args.drop_empty, args.split_seed)
+        columns = {"image_path": args.image_col, "report": args.report_col,
+                   **({"split": args.split_col} if args.split_col else {})}
+        df = read_csv_corpus(args.csv, args.drop_empty, args.split_seed, columns)
         root = Path(args.csv).resolve().parent
     else:
         from medclr.data.readers.openi import read_openi

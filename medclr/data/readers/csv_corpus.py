@@ -2,7 +2,8 @@
 
 Image paths are relative to the CSV's folder (or absolute). Without a ``split``
 column, subjects (``subject_id`` if present, else the image path) are assigned
-80/10/10 by a seeded hash.
+80/10/10 by a seeded hash. ``columns`` maps the CSV's own names onto these
+(``{"image_path": "file", "report": "findings_text"}``: `medclr prepare --image-col/--report-col/--split-col`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,17 @@ from medclr.data.readers.tables import read_csv_checked
 from medclr.errors import MedclrError
 
 
-def read_csv_corpus(path: str | os.PathLike, drop_empty: bool = False, split_seed: int = 0) -> pd.DataFrame:
+def read_csv_corpus(path: str | os.PathLike, drop_empty: bool = False, split_seed: int = 0,
+                    columns: dict[str, str] | None = None) -> pd.DataFrame:
     path = Path(path)
-    df = read_csv_checked(path, ("image_path", "report"), "corpus", dtype={"image_path": str, "report": str})
+    names = {"image_path": "image_path", "report": "report", **(columns or {})}  # ours -> the CSV's
+    required = (names["image_path"], names["report"]) + ((names["split"],) if "split" in names else ())
+    df = read_csv_checked(path, required, "corpus", dtype={names["image_path"]: str, names["report"]: str})
+    taken = [ours for ours, theirs in names.items() if theirs != ours and ours in df.columns]
+    if taken:
+        raise MedclrError(f"{path}: column {taken[0]!r} exists and another column is mapped onto it; map that one too "
+                          "or rename it")
+    df = df.rename(columns={theirs: ours for ours, theirs in names.items()})
     df["report"] = df["report"].fillna("")
     fields = [text_fields(r) for r in df["report"]]
     empty = [i for i, f in enumerate(fields) if not f["sentences"]]
