@@ -45,11 +45,9 @@ class Step:
 def preset(args: argparse.Namespace) -> str:
     """The training preset: ``--preset``, or for ``auto`` gpu_small where CUDA is there (2,500 steps
     of the negation-aware recipe, a few GPU minutes) and cpu_small elsewhere (450 steps of the 64 px model, ~8 CPU minutes)."""
-    if args.preset != "auto":
-        return args.preset
-    import torch
+    from medclr.presets import AUTO, auto_preset
 
-    return "gpu_small" if torch.cuda.is_available() else "cpu_small"
+    return auto_preset() if args.preset == AUTO else args.preset
 
 
 def plan(work: Path, args: argparse.Namespace) -> list[Step]:

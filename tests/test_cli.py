@@ -98,3 +98,23 @@ def test_demo_trains_the_preset_the_machine_can_afford(monkeypatch):
     assert preset(argparse.Namespace(preset="cpu_small")) == "cpu_small"
     zs = argparse.Namespace(**{**vars(args), "preset": "cpu_zeroshot"})
     assert "preset=cpu_zeroshot" in next(s for s in plan(Path("w"), zs) if s.command == "train").argv
+
+
+def test_train_preset_auto_follows_the_device_it_will_run_on(monkeypatch, caplog):
+    """`medclr train`'s default preset is auto: gpu_small where training runs on CUDA, cpu_small otherwise
+    (train.device=cpu on a GPU machine too), and the log says which."""
+    import logging
+
+    import torch
+
+    from medclr.training.config import load_config
+
+    base = ["data.manifest=m", "out=o"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with caplog.at_level(logging.INFO, logger="medclr.training.config"):
+        assert load_config("infonce", base)["preset"] == "cpu_small"
+    assert "preset auto: cpu_small" in caplog.text
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert load_config("infonce", base)["preset"] == "gpu_small"
+    assert load_config("infonce", [*base, "train.device=cpu"])["preset"] == "cpu_small"
+    assert load_config("infonce", [*base, "preset=cpu_zeroshot"])["preset"] == "cpu_zeroshot"

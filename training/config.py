@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
+import logging
 import math
 import os
 from pathlib import Path
@@ -22,6 +23,9 @@ from typing import Any
 import yaml
 
 from medclr.errors import MedclrError
+from medclr.presets import AUTO, auto_preset
+
+log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 ROOT_CONFIG = "base"
@@ -180,6 +184,10 @@ def load_config(config: str | os.PathLike, overrides: list[str] | None = None) -
             merged_method = deep_merge(merged_method, data)
     preset = over.get("preset", merged_method.get("preset", schema.get("preset")))
     preset = "none" if preset is None else str(preset)
+    if preset == AUTO:  # the recipe for the device training will run on, said in the log
+        device = over.get("train", {}).get("device", merged_method.get("train", {}).get("device", "auto"))
+        preset = auto_preset(device)
+        log.info("preset auto: %s (train.device %s)", preset, device)
     preset_path = CONFIG_DIR / f"preset_{preset}.yaml"
     if not preset_path.is_file():
         names = sorted(p.stem[len("preset_"):] for p in CONFIG_DIR.glob("preset_*.yaml"))
