@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from medclr.app.scoring import ScoreOptions, score_tree
     from medclr.distributed import cleanup, env_world
     from medclr.inference import load_checkpoint
+    from medclr.progress import show_progress
     from medclr.prompts import load_prompts
 
     prompts = load_prompts(args.prompts) if args.prompts else None  # a bad file fails before the model loads
@@ -108,9 +109,9 @@ def run(args: argparse.Namespace) -> int:
     engine = load_checkpoint(args.checkpoint, device=device)
     workers = default_workers(device) if args.workers is None else args.workers
     opts = ScoreOptions(batch_size=args.batch_size, workers=workers, embeddings=args.embeddings,
-                        part_files=args.part_files, max_pixels=args.max_pixels, progress=not args.no_progress,
-                        full_decode=args.full_decode, uids=args.uids,
-                        prompts=prompts)
+                        part_files=args.part_files, max_pixels=args.max_pixels,
+                        progress=not args.no_progress and show_progress(), full_decode=args.full_decode,
+                        uids=args.uids, prompts=prompts)
     try:
         stats = score_tree(engine, Path(args.input), Path(args.out), opts)
     finally:

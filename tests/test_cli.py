@@ -118,3 +118,31 @@ def test_train_preset_auto_follows_the_device_it_will_run_on(monkeypatch, caplog
     assert load_config("infonce", base)["preset"] == "gpu_small"
     assert load_config("infonce", [*base, "train.device=cpu"])["preset"] == "cpu_small"
     assert load_config("infonce", [*base, "preset=cpu_zeroshot"])["preset"] == "cpu_zeroshot"
+
+
+def test_progress_bars_follow_the_terminal(monkeypatch):
+    """One rule for medclr's bars: auto = stderr is a terminal; false silences, true forces; silencing turns the
+    libraries' bars off too."""
+    import io
+    import sys
+
+    from medclr.progress import show_progress, silence_library_bars
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # piped to a log
+    assert show_progress() is False and show_progress(None) is False and show_progress(True) is True
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Tty())
+    assert show_progress("auto") is True and show_progress(False) is False
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    try:
+        silence_library_bars()
+        assert not hf_logging.is_progress_bar_enabled() and are_progress_bars_disabled()
+    finally:
+        hf_logging.enable_progress_bar()
+        enable_progress_bars()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from medclr.errors import MedclrError
+from medclr.progress import show_progress
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,7 @@ class MetricsLogger:
             except ImportError:
                 raise MedclrError("log.tensorboard=true needs the tensorboard package (pip install tensorboard)") from None
             self.tb = SummaryWriter(str(Path(out) / "tensorboard"))
-        progress = cfg["log"]["progress"]
-        show = sys.stderr.isatty() if progress in ("auto", None) else bool(progress)
-        if show:
+        if show_progress(cfg["log"]["progress"]):
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)

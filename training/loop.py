@@ -38,6 +38,7 @@ from medclr.errors import MedclrError
 from medclr.losses.base import ContrastiveLoss
 from medclr.losses.distributed import score_blocks
 from medclr.losses.hard_negatives import hard_negative_term
+from medclr.progress import show_progress
 from medclr.training import checkpoint as ckpt_mod
 from medclr.training.augment import apply_on_device, augment_place
 from medclr.training.budget import StepBudget
@@ -318,7 +319,7 @@ class Run:
                                                                    plan.total_steps, env.device)
         self.amp_dtype = _amp(cfg, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type) if self.amp_dtype == torch.float16 else None
-        self.ds = PairDataset(plan.table, cfg, cache_progress=env.is_main and cfg["log"]["progress"] is True,
+        self.ds = PairDataset(plan.table, cfg, cache_progress=env.is_main and show_progress(cfg["log"]["progress"]),
                               device_augment=augment_place(cfg["data"]["augment_on"], env.device) == "device")
         self.gb = int(cfg["train"]["batch_size"])
         weights = study_weights(plan.table.sentences, cfg["data"]["study_sampling"], float(cfg["data"]["study_balance"]))

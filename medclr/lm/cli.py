@@ -114,7 +114,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "every CPU, a GPU's differs in the last bits)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's; 1 is faster on a busy shared machine)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars, transformers' included (default: bars when stderr is a terminal)")
     p.set_defaults(run=run_fit)
 
     p = sub.add_parser("score", help="PLL of every distinct manifest sentence -> eta table (cached)",
@@ -164,7 +165,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     p.add_argument("--allow-network", action="store_true", help="let transformers download a hub model")
     p.add_argument("--trust-remote-code", action="store_true", help="run the model repository's own code")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars, transformers' included (default: bars when stderr is a terminal)")
     p.set_defaults(run=run_score)
 
     p = sub.add_parser("calibrate", help="eta_LM against rho_sent, the class probability it estimates (phantom)",
@@ -225,7 +227,7 @@ def run_fit(args: argparse.Namespace) -> int:
                     hidden=args.hidden, heads=args.heads, max_length=args.max_length, epochs=args.epochs,
                     max_minutes=args.max_minutes, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     device=args.device)
-    fit_lm(train, args.out, cfg, val_sentences=val, overwrite=args.overwrite, progress=not args.no_progress)
+    fit_lm(train, args.out, cfg, val_sentences=val, overwrite=args.overwrite, progress=_progress(args))
     return 0
 
 
@@ -248,7 +250,7 @@ def run_score(args: argparse.Namespace) -> int:
                                        "study_sampling": args.study_sampling, "study_balance": args.study_balance},
                              eta_max=args.eta_max, word_l2r=args.pll == "word-l2r", long=args.long,
                              batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
-                             max_pieces=args.max_pieces, save_every_s=args.save_every, progress=not args.no_progress)
+                             max_pieces=args.max_pieces, save_every_s=args.save_every, progress=_progress(args))
     print(json.dumps(summary))
     return 0
 
@@ -285,3 +287,13 @@ def run_report(args: argparse.Namespace) -> int:
     print(json.dumps({"out": args.out, "distinct_sentences": result["distinct_sentences"],
                       "spearman_pll_logcount": result["spearman_pll_logcount"]}))
     return 0
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Bars when stderr is a terminal and --no-progress is not given; without ours, none of the libraries' either."""
+    from medclr.progress import show_progress, silence_library_bars
+
+    show = not args.no_progress and show_progress()
+    if not show:
+        silence_library_bars()
+    return show
