@@ -261,3 +261,35 @@ def test_cosine_head_is_unchanged(assets):
         s = engine.model.head(Inference.image_features(engine, batch), torch.from_numpy(q)).T.numpy()
     for qi, row in enumerate(idx.search_images_by_text(q, 5)):
         assert np.allclose([h["score"] for h in row], s[qi][[h["id"] for h in row]], atol=1e-5)
+
+
+def test_a_full_disk_is_one_line_and_stale_scratch_is_cleaned(lse, assets, tmp_path, monkeypatch):
+    """The cells' scratch memory map is allocated before any image is embedded: a disk too small for it is one
+    line (not SIGBUS), and the scratch is gone; a later build removes what a killed build left behind."""
+    import errno
+    import os
+
+    from medclr.errors import MedclrError
+
+    engine, full_index = lse
+    out = tmp_path / "idx"
+    shutil.copytree(full_index, out)  # an index a build was killed in
+    dead = out / ".cells-scratch999999999.npy"  # no such process
+    dead.write_bytes(b"x" * 100)
+    half = out / ".data-0001.tmp999999999"
+    half.mkdir()
+    alive = out / f".cells-scratch{os.getppid()}.npy"  # a running process's: kept
+    alive.write_bytes(b"y")
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(MedclrError, match=r"not enough disk space for the index's image cells \(\d+ MB needed\)") as e:
+        build_index(engine, assets["manifest"], out, workers=0)
+    assert "\n" not in str(e.value)
+    assert not dead.exists() and not half.exists() and alive.exists()
+    assert not list(out.glob(f".cells-scratch{os.getpid()}*"))
+    monkeypatch.undo()
+    build_index(engine, assets["manifest"], out, workers=0)
+    assert load_index(out, engine).reranks

@@ -28,6 +28,7 @@ from; :func:`load_index` with another model refuses with a clear message.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import json
 import logging
@@ -294,8 +295,52 @@ class _CellSink:
         if self.cells is None:
             self.cells = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.float16,
                                                    shape=(self.n, *side.shape[1:]))
+            _reserve(self.path)
             self.grid = tuple(int(g) for g in features.grid)
         self.cells[idx] = side.astype(np.float16)
+
+
+def _reserve(path: Path) -> None:
+    """Allocate the memory map's whole file now: a map over a sparse file on a full disk dies with SIGBUS at the
+    first page it cannot place; reserved, a short disk is one line before any image is embedded."""
+    size = path.stat().st_size
+    if not hasattr(os, "posix_fallocate"):  # macOS, Windows: no reservation, as before
+        return
+    try:
+        with open(path, "r+b") as fh:
+            os.posix_fallocate(fh.fileno(), 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise MedclrError(f"{path.parent}: not enough disk space for the index's image cells ({size / 2**20:.0f} MB "
+                          "needed); free some space or build the index elsewhere") from None
+
+
+def remove_stale_scratch(directory: Path) -> list[Path]:
+    """Scratch files and half-written data folders that a killed or crashed build left in ``directory`` (their
+    writer's process is gone); returns what was removed."""
+    removed = []
+    for p in list(directory.glob(".cells-scratch*.npy")) + list(directory.glob(".data-*.tmp*")):
+        pid = p.stem.rsplit("scratch", 1)[-1] if p.name.startswith(".cells-scratch") else p.name.rsplit(".tmp", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+    if removed:
+        log.info("index %s: removed %d file(s) a stopped build left behind", directory, len(removed))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _embed_images(engine, paths: list[str], batch_size: int, workers: int, progress: bool,
@@ -413,6 +458,8 @@ def _key(path: str, report: str) -> str:
 def _extend(engine, cur: RetrievalIndex, manifest, out: Path, kind: str, exact_max: int, splits, batch_size: int,
             workers: int, use_gpu, progress: bool, fresh: bool) -> RetrievalIndex:
     scratch = out / f".cells-scratch{os.getpid()}.npy"  # the new images' cells until the version is written
+    if out.is_dir():
+        remove_stale_scratch(out)
     try:
         return _extend_to(engine, cur, manifest, out, kind, exact_max, splits, batch_size, workers, use_gpu, progress,
                           fresh, scratch)
