@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import errno
 import logging
 import re
 import sys
@@ -142,6 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"medclr {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # every writer replaces its file atomically, so what was there before is intact; say where and stop
+        where = exc.filename or "the output"
+        print(f"medclr {args.command}: error: no space left on the disk while writing {where}; earlier files are "
+              "intact: free some space and rerun the same command (it resumes)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -146,3 +146,19 @@ def test_progress_bars_follow_the_terminal(monkeypatch):
     finally:
         hf_logging.enable_progress_bar()
         enable_progress_bars()
+
+
+def test_a_full_disk_is_one_line_for_every_command(monkeypatch, capsys):
+    """ENOSPC raised from any command's writer ends as one line naming the path (no traceback), exit 1."""
+    import errno
+
+    import medclr.data.label_cli as label_cli
+    from medclr.cli import main
+
+    def writes_on_a_full_disk(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/out/manifest.parquet")
+
+    monkeypatch.setattr(label_cli, "run", writes_on_a_full_disk)
+    assert main(["label", "--manifest", "m.parquet", "--out", "o.parquet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no space left on the disk while writing /data/out/manifest.parquet" in err[0]
