@@ -57,13 +57,15 @@ def choose_tasks(wanted: list[str] | None, inp: Inputs, source: str) -> tuple[li
 
 
 def _encode(model: Model, inp: Inputs, run: list[Task], batch_size: int, workers: int) -> Encoded:
-    """One pass over every image the tasks use (region features kept for the phrase images)."""
+    """One pass over every image the tasks use (region features kept for the phrase images, and for the test
+    images when a task scores them through the head)."""
     uses = set().union(*(t.uses for t in run))
-    need = set(inp.test_rows.tolist()) if "test" in uses else set()
+    need = set(inp.test_rows.tolist()) if uses & {"test", "test_regions"} else set()
     if "train" in uses:
         need |= set(inp.train_rows.tolist())
     phrase_images = set(inp.phrases.table["index"].astype(int).tolist()) if "phrases" in uses else set()
-    enc = encode(model, inp.data, np.asarray(sorted(need | phrase_images), dtype=np.int64), phrase_images,
+    keep = phrase_images | (set(inp.test_rows.tolist()) if "test_regions" in uses else set())
+    enc = encode(model, inp.data, np.asarray(sorted(need | phrase_images), dtype=np.int64), keep,
                  inp.prompts if "prompts" in uses else None, batch_size, workers)
     if enc.rows.size == 0:
         raise MedclrError(f"{inp.data.source}: none of the {len(enc.failed)} images could be read "

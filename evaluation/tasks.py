@@ -33,6 +33,7 @@ __all__ = ["USES", "Column", "Inputs", "Task", "task_names", "tasks"]
 #: What a task may ask the runner to encode (``Task.uses``).
 USES = {
     "test": "global embeddings of the --split images",
+    "test_regions": "global embeddings and region features of the --split images",
     "train": "global embeddings of the train-split images",
     "phrases": "region features of the MS-CXR phrase images, and the phrases' text embeddings",
     "prompts": "zero-shot prompt scores of the --split images",

@@ -132,13 +132,17 @@ def test_cli_writes_metrics_report_and_figures(small, capsys):
     assert medclr_main("eval", "--checkpoint", ckpt, "--data", root, "--out", d / "report", "--n-boot", 50) == 0
     assert "metrics.json" in capsys.readouterr().out
     m = json.loads((d / "report" / "metrics.json").read_text())
-    assert m["tasks"] == ["zeroshot", "grounding", "retrieval", "probe"]
+    assert m["tasks"] == ["zeroshot", "grounding", "retrieval", "reports", "probe"]
     assert set(m["summary"]) == {"AUC", "ACC", "CNR", "mIoU", "Recall", "MedR"}
+    rep = m["reports"]  # study-level image <-> report retrieval, no labels needed
+    assert rep["n_studies"] == 16 and 0 <= rep["i2t/R@1"] <= rep["i2t/R@5"] <= rep["i2t/R@10"] <= 1
+    assert rep["chance"]["R@1"] == pytest.approx(1 / 16) and 1 <= rep["t2i/MedR"] <= 16
     assert m["zeroshot"]["n_images"] == 16 and m["grounding"]["n_phrases"] == 16 and m["retrieval"]["n_phrases"] == 16
     assert m["probe"]["n_train"] == 12 and "chex5" in m["probe"]
     assert m["model"]["preprocess"] == {"image_size": 64, "resize": 72, "source": "checkpoint_meta.json"}
     report = (d / "report" / "report.md").read_text()
-    for needle in ("Table 1", "Table 3", "Table 4", "Table 5", "DCL-η_LM (paper)", "not MIMIC numbers", "Linear probe"):
+    for needle in ("Table 1", "Table 3", "Table 4", "Table 5", "DCL-η_LM (paper)", "not MIMIC numbers", "Linear probe",
+                   "Study-level retrieval"):
         assert needle in report
     pngs = sorted((d / "report" / "figures").glob("*.png"))
     names = {p.name for p in pngs}
@@ -168,6 +172,32 @@ def test_cli_writes_metrics_report_and_figures(small, capsys):
     assert "| first run |" in (d / "r2" / "report.md").read_text() and not (d / "r2" / "figures").exists()
     for k in ("AUC", "ACC", "CNR", "mIoU", "Recall", "MedR"):
         assert m2["summary"][k] == pytest.approx(m["summary"][k], rel=1e-6), k
+
+
+def test_study_retrieval_scores_equal_a_float64_brute_force(small):
+    """For a cosine head the task's study scores are global image embedding . report embedding, the report the
+    normalised mean of its sentences' unit embeddings: the same matrix in float64, and its ranks."""
+    from medclr.evaluation.data import load_eval_data, split_rows
+    from medclr.evaluation.runner import Model, encode
+    from medclr.evaluation.task_reports import report_embeddings, study_scores
+    from medclr.metrics import bidirectional_retrieval
+
+    _d, root, ckpt = small
+    data = load_eval_data(root)
+    model = Model(ckpt)
+    rows = split_rows(data, "test")
+    enc = encode(model, data, rows, set(rows.tolist()), None, 8, 0)
+    pos = enc.take(rows)
+    reports = [list(s) for s in data.manifest.loc[enc.rows[pos], "sentences"]]
+    got = study_scores(model, enc, pos, report_embeddings(model, reports), chunk=5)
+    want = []
+    for sents in reports:
+        e = model.texts(sents).double().numpy()
+        m = e.mean(axis=0)
+        want.append(m / np.linalg.norm(m))
+    brute = enc.glob[pos].astype(np.float64) @ np.stack(want).T
+    np.testing.assert_allclose(got, brute, atol=1e-5)
+    assert bidirectional_retrieval(got, ks=(1, 5, 10)) == bidirectional_retrieval(brute, ks=(1, 5, 10))
 
 
 def test_zero_shot_uses_the_head_score_equal_to_the_protocols_cosine(small):
@@ -347,7 +377,7 @@ def test_tasks_are_the_task_modules_in_report_order():
     from medclr.evaluation.runner import TASKS
     from medclr.evaluation.tasks import task_names
 
-    assert task_names() == TASKS == ("zeroshot", "grounding", "retrieval", "probe")
+    assert task_names() == TASKS == ("zeroshot", "grounding", "retrieval", "reports", "probe")
     assert SUMMARY_KEYS == ("AUC", "ACC", "CNR", "mIoU", "Recall", "MedR")  # the paper's Table 1 row
 
 
