@@ -168,7 +168,7 @@ def test_bad_anchor_is_one_line(name, bad):
 def test_training_configs_anchor_dcl_on_text(tmp_path):
     config = pytest.importorskip("medclr.training.config", reason="training/ not present in this checkout")
     (tmp_path / "eta.parquet").touch()  # dcl_lm's config check only asks that the eta table exists
-    for name in ("dcl", "dcl_0.05", "dcl_0.1", "dcl_true", "dcl_lm"):
+    for name in ("dcl", "dcl_true", "dcl_lm"):
         cfg = config.load_config(name, ["data.manifest=m", "out=o", f"data.eta={tmp_path / 'eta.parquet'}"])
         assert cfg["loss"]["anchor"] == "text", name
         assert build_loss(cfg["loss"]["name"], **config.loss_kwargs(cfg)).anchor == "text", name

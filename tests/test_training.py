@@ -164,7 +164,7 @@ def test_auto_precision_is_bf16_on_cpus_with_bf16_hardware():
 def test_config_layers_presets_and_overrides():
     from medclr.training.config import load_config
 
-    cfg = load_config("dcl_0.05", ["data.manifest=m.parquet", "out=o", "optim.lr=1e-4", "train.batch_size=16"])
+    cfg = load_config("dcl", ["loss.eta=0.05", "data.manifest=m.parquet", "out=o", "optim.lr=1e-4", "train.batch_size=16"])
     assert cfg["loss"] == {"name": "dcl", "eta_source": "none", "zeta_key": "sentence", "tau": 0.07, "eta": 0.05,
                            "anchor": "text"}
     assert cfg["model"]["arch"] == "resnet18" and cfg["data"]["crop"] == 64  # cpu_small preset
@@ -176,12 +176,12 @@ def test_config_layers_presets_and_overrides():
     assert paper["train"]["batch_size"] == 64 and paper["model"]["joint_dim"] == 128
     assert paper["loss"]["tau"] == 0.01 and paper["loss"]["gamma"] == 0.8 and paper["loss"]["freeze_zeta_epochs"] == 5
     # gpu_small extends cpu_small: the whole ResNet-18 at 128 px, the hard-negative term and 2,500 steps on top
-    gpu = load_config("dcl_0.05", ["data.manifest=m", "out=o", "preset=gpu_small", "train.max_steps=300"])
+    gpu = load_config("dcl", ["loss.eta=0.05", "data.manifest=m", "out=o", "preset=gpu_small", "train.max_steps=300"])
     assert gpu["preset"] == "gpu_small" and gpu["model"]["arch"] == "resnet18" and gpu["data"]["crop"] == 128
     assert gpu["model"]["output_stride"] == 16 and gpu["model"]["stages"] == 4
     assert gpu["optim"]["lr"] == 1e-3 and gpu["model"]["lse_gamma"] == 20
     assert gpu["data"]["sentence_sampling"] == "findings" and gpu["hard_negatives"]["weight"] == 1.0
-    assert gpu["train"]["max_steps"] == 300 and load_config("dcl_0.05", ["data.manifest=m", "out=o", "preset=gpu_small"]
+    assert gpu["train"]["max_steps"] == 300 and load_config("dcl", ["data.manifest=m", "out=o", "preset=gpu_small"]
                                                              )["train"]["max_steps"] == 2500
     # cpu_zeroshot extends cpu_small: the hard-negative term, rare-finding draws, short forms and 1,000 steps on top
     zs = load_config("infonce", ["data.manifest=m", "out=o", "preset=cpu_zeroshot"])
