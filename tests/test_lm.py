@@ -382,6 +382,15 @@ def test_fit_saves_a_loadable_seeded_model(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(MedclrError, match="--device cuda: no CUDA device"):
             fit_lm(CORPUS, tmp_path / "d", dataclasses.replace(cfg, device="cuda"), progress=False)
+    # the command: the same fit, and the corpus's data-quality summary beside the model
+    from medclr.cli import main
+
+    m = _manifest(tmp_path / "m.parquet", [[s] for s in CORPUS] + [[CORPUS[0]]])
+    assert main(["lm", "fit", "--manifest", str(m), "--split", "all", "--out", str(tmp_path / "e"), "--vocab-size",
+                 "200", "--layers", "1", "--hidden", "32", "--heads", "2", "--max-length", "32", "--epochs", "1",
+                 "--batch-size", "8", "--device", "cpu", "--no-progress"]) == 0
+    quality = json.loads((tmp_path / "e" / "data_quality.json").read_text())
+    assert quality["rows"] == len(CORPUS) + 1 and quality["repeated_report_rows"] >= 2
 
 
 def _fit_parts(seed=0, device="cpu"):

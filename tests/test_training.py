@@ -330,6 +330,7 @@ def test_torchrun_two_processes_nuclr_learns_and_saves_tables(tiny, tmp_path):
     from medclr.inference import weights_sha256
 
     assert meta.weights_sha256 == weights_sha256(out)  # the published weights are the ones the save hashed
+    assert json.loads((out / "data_quality.json").read_text())["rows"] == 16  # the training rows' summary
 
 
 def _cli(argv: list[str]) -> int:

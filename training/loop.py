@@ -291,11 +291,22 @@ def on_device(batch: dict, device: torch.device) -> dict:
     return moved
 
 
+def _report_quality(plan: Plan) -> None:
+    """The training rows' data-quality summary (``medclr.data.quality``): one log line, data_quality.json in OUT."""
+    from medclr.data.quality import data_quality, summary_line, write_quality
+    from medclr.training.data import read_manifest_split
+
+    rows, _ = read_manifest_split(plan.cfg["data"]["manifest"], plan.cfg["data"]["split"])
+    quality = data_quality(rows)
+    log.info("%s (%s)", summary_line(quality), write_quality(quality, plan.out).name)
+
+
 def _run(plan: Plan, env: DistEnv) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # workers fork after the tokenizer is used
     if env.is_main:
         plan.out.mkdir(parents=True, exist_ok=True)
         ckpt_mod.clean_stale(plan.out)
+        _report_quality(plan)
     run = Run(plan, env)
     try:
         run.steps()

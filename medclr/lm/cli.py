@@ -227,7 +227,13 @@ def run_fit(args: argparse.Namespace) -> int:
                     hidden=args.hidden, heads=args.heads, max_length=args.max_length, epochs=args.epochs,
                     max_minutes=args.max_minutes, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     device=args.device)
+    from medclr.data.quality import data_quality, summary_line, write_quality
+
+    rows = manifest if args.split == "all" else manifest[manifest["split"] == args.split]
+    quality = data_quality(rows)
+    log.info("%s", summary_line(quality))
     fit_lm(train, args.out, cfg, val_sentences=val, overwrite=args.overwrite, progress=_progress(args))
+    write_quality(quality, args.out)  # beside the model it describes
     return 0
 
 
