@@ -231,6 +231,7 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
 
 def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[int, int]], this_run: int,
                  parts: Path, rank: int, seq: int, classes: list[str], opts: ScoreOptions) -> dict[str, int]:
+    from medclr.inference.engine import NON_FINITE
     from medclr.inference.preprocess import image_loader, model_input
 
     fast = not opts.full_decode
@@ -256,10 +257,11 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
 
     for batch in loader:
         ok = batch["ok"]
-        probs = emb = None
+        probs = emb = finite = None
         if ok.any():
             images = batch["tensor"] if ok.all() else batch["tensor"][ok]  # indexing would unpin the batch
             feats = engine.image_features(model_input(images, engine.device))
+            finite = feats.global_emb.isfinite().all(dim=1).tolist()  # NaN/inf: an error row, never a score
             _, raw, s_pos, s_neg = engine.zero_shot_scores(feats, opts.prompts)
             probs, _notes = engine.calibrated(classes, raw, s_pos, s_neg, opts.prompts)
             emb = feats.global_emb.float().cpu().numpy() if opts.embeddings else None
@@ -267,14 +269,17 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
         for j, i in enumerate(batch["i"].tolist()):
             error = batch["error"][j].replace(str(root / todo[i]), todo[i])  # paths relative to --input
             size, mtime_ns = prints[todo[i]]
-            row: dict[str, Any] = {"path": todo[i], "ok": bool(ok[j]), "error": error, "size": size,
-                                   "mtime_ns": mtime_ns, "run": this_run,
-                                   "height": int(batch["height"][j]), "width": int(batch["width"][j]),
+            good = bool(ok[j])
+            if good:
+                pos, k = k, k + 1  # its place among the batch's decoded images
+                if not finite[pos]:
+                    good, error = False, NON_FINITE
+            row: dict[str, Any] = {"path": todo[i], "ok": good, "error": error, "size": size, "mtime_ns": mtime_ns,
+                                   "run": this_run, "height": int(batch["height"][j]), "width": int(batch["width"][j]),
                                    "caution": batch["caution"][j], "fields": batch["fields"][j]}
-            if ok[j]:
-                row["probs"] = probs[k]
-                row["embedding"] = emb[k] if emb is not None else None
-                k += 1
+            if good:
+                row["probs"] = probs[pos]
+                row["embedding"] = emb[pos] if emb is not None else None
                 counts["scored"] += 1
             else:
                 counts["errors"] += 1

@@ -363,6 +363,20 @@ def encode(model: Model, data: EvalData, rows: np.ndarray, keep_regions: set[int
                 failed.append({"index": int(i), "path": data.image_path(i), "error": err})
         if ok.any():
             feats = model.features(batch["tensor"][torch.from_numpy(ok)])
+            finite = feats.global_emb.isfinite().all(dim=1).cpu().numpy()
+            if not finite.all():  # NaN/inf: a failed image with its reason, never a score in the metrics
+                from medclr.inference.engine import NON_FINITE
+
+                failed += [{"index": int(i), "path": data.image_path(i), "error": NON_FINITE}
+                           for i in idx[ok][~finite]]
+                keep = torch.from_numpy(finite)
+                feats = ImageFeatures(feats.regions[keep.to(feats.regions.device)],
+                                      feats.global_emb[keep.to(feats.global_emb.device)])
+                ok = ok.copy()
+                ok[np.flatnonzero(ok)[~finite]] = False
+                if not ok.any():
+                    bar.update(len(idx))
+                    continue
             glob.append(feats.global_emb.float().cpu().numpy())
             if prompts is not None:
                 sp, sn = model.zero_shot(feats, prompts)

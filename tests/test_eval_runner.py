@@ -369,6 +369,35 @@ def test_unreadable_image_is_recorded_and_left_out_and_phrase_selection(small, t
     assert "train split" in (tmp_path / "a" / "report.md").read_text()
 
 
+def test_a_non_finite_embedding_is_a_failed_image_not_a_metric(small, monkeypatch):
+    """An image the model turns into NaN is left out with its reason (failed_images); the metrics stay finite."""
+    import torch
+
+    from medclr.evaluation.data import Model, encode, load_eval_data, split_rows
+    from medclr.inference.engine import NON_FINITE
+    from medclr.models.image import ImageFeatures
+
+    _d, root, ckpt = small
+    data = load_eval_data(root)
+    model = Model(ckpt)
+    real = model.features
+    calls = []
+
+    def first_image_nan(batch):
+        f = real(batch)
+        calls.append(1)
+        glob = f.global_emb.clone()
+        if len(calls) == 1:
+            glob[0] = torch.nan
+        return ImageFeatures(f.regions, glob)
+
+    monkeypatch.setattr(model, "features", first_image_nan)
+    rows = split_rows(data, "test")
+    enc = encode(model, data, rows, set(), None, 4, 0)
+    assert len(enc.failed) == 1 and enc.failed[0]["error"] == NON_FINITE and enc.failed[0]["index"] == int(rows.min())
+    assert enc.rows.size == rows.size - 1 and np.isfinite(enc.glob).all()
+
+
 # --------------------------------------------------------------------------- the task registry
 
 

@@ -368,3 +368,33 @@ def test_custom_prompts_are_scored_raw_with_a_reason(engine, tmp_path, capsys): 
     assert medclr_main([*argv[:-1], str(tmp_path / "bad.yaml")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bad.yaml" in err[0] and "'positive' and 'negative'" in err[0]
+
+
+def test_a_non_finite_embedding_is_an_error_row_never_a_score(engine, tmp_path, monkeypatch):  # noqa: F811
+    """An image the model turns into NaN (damaged weights, an input it cannot read) goes to the errors table with
+    one line; the other images of its batch are scored as before."""
+    import torch
+
+    from medclr.app import scoring
+    from medclr.inference.engine import NON_FINITE
+    from medclr.models.image import ImageFeatures
+
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(4):
+        Image.fromarray(np.full((40, 48), 30 * i + 10, np.uint8)).save(root / f"{i}.png")
+    real = engine.image_features
+
+    def nan_for_dark_images(batch):
+        f = real(batch)
+        dark = batch.float().flatten(1).mean(1) < 0.1  # 0.png only (its pixels are 10/255)
+        glob = torch.where(dark[:, None].to(f.global_emb.device), torch.nan, f.global_emb)
+        return ImageFeatures(f.regions, glob)
+
+    monkeypatch.setattr(engine, "image_features", nan_for_dark_images)
+    out = tmp_path / "r.parquet"
+    stats = scoring.score_tree(engine, root, out, scoring.ScoreOptions(batch_size=4, workers=0, progress=False))
+    res, err = pd.read_parquet(out), pd.read_parquet(scoring.errors_path(out))
+    assert list(err["path"]) == ["0.png"] and err["error"].iloc[0] == NON_FINITE
+    assert sorted(res["path"]) == ["1.png", "2.png", "3.png"] and stats["errors"] == 1 and stats["scored"] == 3
+    assert np.isfinite(res["Cardiomegaly"].to_numpy(dtype=float)).all() or res["Cardiomegaly reason"].notna().all()

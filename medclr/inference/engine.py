@@ -41,6 +41,9 @@ from medclr.models.dual import DualEncoder
 from medclr.models.image import ImageFeatures
 from medclr.prompts import CHEX5_PROMPTS, PromptSet, prompt_embeddings, zero_shot_scores
 
+# What a reader is told for an image whose embedding is NaN or infinite: an error row, never a score.
+NON_FINITE = "the model gave NaN or infinite values for this image (damaged weights, or an input it cannot read)"
+
 
 @dataclass
 class EncodedImage:
