@@ -13,7 +13,7 @@ random ResNet-50 @ 512 -> 480) and source:
 * ``forward_only``: the scorer's model calls (image forward + CheX5 zero-shot head) on a batch already
   decoded, preprocessed and on the device; measured once per model before and once after its sources (the
   mean is the reference; a GPU is synchronised);
-* ``end_to_end``: ``medclr.app.scoring.score_tree`` on a tree of N links to the source (workers decode
+* ``end_to_end``: ``medclr.jobs.scoring.score_tree`` on a tree of N links to the source (workers decode
   while the model runs; parts written, tables merged), wall time;
 * ``startup``: ``medclr score`` as a command on a small folder: total wall vs its scoring loop.
 
@@ -106,7 +106,7 @@ def worker_dataset(paths: list[str], pre, full_decode: bool):
 
 
 def score_options(**kw):
-    from medclr.app.scoring import ScoreOptions
+    from medclr.jobs.scoring import ScoreOptions
 
     names = {f.name for f in dataclasses.fields(ScoreOptions)}
     return ScoreOptions(**{k: v for k, v in kw.items() if k in names})
@@ -148,7 +148,7 @@ def end_to_end(engine, tree: Path, out: Path, args) -> float:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     opts = score_options(batch_size=args.batch_size, workers=args.workers, part_files=64, progress=False,
                          full_decode=args.full_decode)
-    from medclr.app.scoring import score_tree
+    from medclr.jobs.scoring import score_tree
 
     t = time.perf_counter()
     stats = score_tree(engine, tree, out, opts)
@@ -164,15 +164,15 @@ t = [time.perf_counter()]
 out = {}
 def lap(name):
     now = time.perf_counter(); out[name] = round(now - t[0], 2); t[0] = now
-import medclr.cli, medclr.app.score; lap("import medclr.cli + app.score")
+import medclr.cli, medclr.jobs.score; lap("import medclr.cli + app.score")
 import torch; lap("import torch")
-import medclr.app.scoring; lap("import app.scoring (pyarrow, pydicom, Pillow)")
+import medclr.jobs.scoring; lap("import app.scoring (pyarrow, pydicom, Pillow)")
 from medclr.inference import load_checkpoint; lap("import medclr.inference (torchvision, transformers)")
 engine = load_checkpoint(sys.argv[1], device=sys.argv[3]); lap("load_checkpoint")
 engine.weights_sha256; lap("weights sha256")
 engine.prompt_embeddings(); lap("prompt embeddings")
 from pathlib import Path
-from medclr.app.scoring import find_images, fingerprint
+from medclr.jobs.scoring import find_images, fingerprint
 [fingerprint(Path(sys.argv[2]) / f) for f in find_images(Path(sys.argv[2]))]; lap("file walk + stat")
 print(json.dumps(out))
 """
@@ -208,7 +208,7 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", type=int, default=[1024, 1955, 3000], help="rows (RG1's aspect)")
     ap.add_argument("--n", type=int, default=32, help="images per end-to-end run (biovil: half)")
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--workers", type=int, default=None, help="default: the scorer's (medclr.app.score)")
+    ap.add_argument("--workers", type=int, default=None, help="default: the scorer's (medclr.jobs.score)")
     ap.add_argument("--device", default="auto", help="cpu, cuda; auto: cuda when there is one")
     ap.add_argument("--full-decode", action="store_true")
     ap.add_argument("--decode-reps", type=int, default=4)
@@ -225,7 +225,7 @@ def main() -> None:
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.workers is None:
-        from medclr.app import score
+        from medclr.jobs import score
 
         args.workers = (score.default_workers(args.device) if hasattr(score, "default_workers")
                         else score._default_workers())  # code from before the device-aware default

@@ -46,10 +46,10 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from medclr.app.demo import plan as demo_plan  # noqa: E402  (the demo's data steps: phantom, manifest, LM, eta)
 from medclr.cli import main as medclr_main  # noqa: E402
 from medclr.evaluation.report import SUMMARY_KEYS  # noqa: E402
 from medclr.evaluation.seeds import paired_difference, pooled  # noqa: E402
+from medclr.jobs.demo import plan as demo_plan  # noqa: E402  (the demo's data steps: phantom, manifest, LM, eta)
 from medclr.phantom.vocab import EVAL_PER_CLASS  # noqa: E402  (the evaluation sets: the test split)
 
 # label -> (training config, extra overrides). Constant-eta DCL labels carry their eta for the curve.

@@ -1,7 +1,7 @@
 """torchrun's environment, read in one place, and the process group's start and end.
 
 Training (``medclr.training.distributed``: NCCL on GPUs, gloo on CPUs, DDP) and the archive scorer
-(``medclr.app.scoring``: a gloo group for its barrier only) both run under torchrun; they read who they
+(``medclr.jobs.scoring``: a gloo group for its barrier only) both run under torchrun; they read who they
 are and open and close the default process group through these functions, so the two cannot drift.
 """
 

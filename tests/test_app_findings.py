@@ -83,7 +83,7 @@ def test_app_marks_a_checkpoint_without_the_record_not_validated(engine, index_d
 
 
 def test_scorer_writes_nan_and_a_reason_for_the_flipped_finding(validated_engine, tmp_path):
-    from medclr.app import scoring
+    from medclr.jobs import scoring
 
     root = tmp_path / "archive"
     root.mkdir()
@@ -97,7 +97,7 @@ def test_scorer_writes_nan_and_a_reason_for_the_flipped_finding(validated_engine
 
 
 def test_scorer_notes_an_unvalidated_checkpoint(engine, tmp_path):  # noqa: F811
-    from medclr.app import scoring
+    from medclr.jobs import scoring
 
     root = tmp_path / "archive"
     root.mkdir()

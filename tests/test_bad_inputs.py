@@ -163,8 +163,8 @@ def test_inspect(corpus, capfd, caplog, record_property):
 def test_score(corpus, app_assets, tmp_path, capfd, caplog, record_property):  # noqa: F811
     import pandas as pd
 
-    from medclr.app.scoring import errors_path, parts_dir
     from medclr.cli import main
+    from medclr.jobs.scoring import errors_path, parts_dir
 
     folder, cases = corpus
     walked = [c for c in cases if c.scored_by_walk]

@@ -86,7 +86,7 @@ def test_demo_trains_the_preset_the_machine_can_afford(monkeypatch):
 
     import torch
 
-    from medclr.app.demo import plan, preset
+    from medclr.jobs.demo import plan, preset
 
     args = argparse.Namespace(preset="auto", n=10, seed=0, eval_per_class=1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -35,9 +35,9 @@ import pytest
 import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-MAPPED = {"medclr.app": "app", "medclr.training": "training", "medclr.evaluation": "evaluation"}
+MAPPED = {"medclr.app": "app", "medclr.jobs": "jobs", "medclr.training": "training", "medclr.evaluation": "evaluation"}
 OUTER = tuple(MAPPED)
-GENERIC = ("app", "training", "evaluation")
+GENERIC = ("app", "jobs", "training", "evaluation")
 # folder -> the module name its files import as
 FOLDERS = {"medclr": "medclr", **{folder: package for package, folder in MAPPED.items()},
            "bench": "bench", "tests": "tests"}
@@ -104,7 +104,7 @@ class Ref:
 
 
 def module_name(path: Path) -> str:
-    """``app/score.py`` -> ``medclr.app.score``; ``medclr/io/__init__.py`` -> ``medclr.io``."""
+    """``jobs/score.py`` -> ``medclr.jobs.score``; ``medclr/io/__init__.py`` -> ``medclr.io``."""
     folder, *rest = path.relative_to(REPO).with_suffix("").parts
     parts = [FOLDERS[folder], *rest]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -322,7 +322,7 @@ def declared_commands() -> dict[str, str]:
 
 
 def module_file(module: str) -> Path:
-    """``medclr.app.score`` -> ``app/score.py`` (the inverse of :func:`module_name`)."""
+    """``medclr.jobs.score`` -> ``jobs/score.py`` (the inverse of :func:`module_name`)."""
     folder = max((f for f, package in FOLDERS.items() if within(module, package)), key=lambda f: len(FOLDERS[f]))
     base = REPO / folder / Path(*module.split(".")[len(FOLDERS[folder].split(".")):])
     return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")

@@ -45,7 +45,7 @@ def _cmd(ckpt, root, out, *extra):
 
 
 def test_find_images(archive):
-    from medclr.app.scoring import find_images
+    from medclr.jobs.scoring import find_images
 
     files = find_images(archive)
     assert len(files) == N_PNG + 3 and "dicom/NOEXTENSION" in files
@@ -53,7 +53,7 @@ def test_find_images(archive):
 
 
 def test_sigkill_mid_run_then_resume_scores_every_file_once(archive, app_assets, tmp_path, capsys):  # noqa: F811
-    from medclr.app.scoring import find_images, parts_dir
+    from medclr.jobs.scoring import find_images, parts_dir
 
     out = tmp_path / "results.parquet"
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -107,7 +107,7 @@ def test_sigkill_mid_run_then_resume_scores_every_file_once(archive, app_assets,
 def test_score_in_process_with_shards(engine, tmp_path, monkeypatch):  # noqa: F811
     """Two ranks' shards (as torchrun would run them, here one after the other with a fake world) cover
     every file once; the merge happens once all shards are in."""
-    from medclr.app import scoring
+    from medclr.jobs import scoring
 
     root = tmp_path / "small"
     root.mkdir()
@@ -133,8 +133,8 @@ def test_score_in_process_with_shards(engine, tmp_path, monkeypatch):  # noqa: F
 
 def test_resuming_onto_another_archive_is_refused(engine, tmp_path, monkeypatch):  # noqa: F811
     """Archive B must not inherit archive A's done-set through shared relative paths."""
-    from medclr.app import scoring
     from medclr.errors import MedclrError
+    from medclr.jobs import scoring
 
     out = tmp_path / "r.parquet"
     for name in ("A", "B"):
@@ -154,7 +154,7 @@ def test_file_changed_in_place_is_rescored_and_its_row_replaced(engine, tmp_path
     """Same path, same size, new pixels: exactly that file is scored again and the table holds one row for it,
     with the new score; a truncated file completed in place moves from the errors to the results. A crash
     after the rescore's part is written (before the merge) loses nothing and rescores nothing."""
-    from medclr.app import scoring
+    from medclr.jobs import scoring
     from tests.dicom_factory import make_dicom
 
     root = tmp_path / "archive"
@@ -211,7 +211,7 @@ def test_file_changed_in_place_is_rescored_and_its_row_replaced(engine, tmp_path
 
 def test_parts_without_fingerprints_still_count_as_done(engine, tmp_path):  # noqa: F811
     """Parts written before size/mtime/run were recorded: their files stay done; the merge reads them."""
-    from medclr.app import scoring
+    from medclr.jobs import scoring
 
     root = tmp_path / "a"
     root.mkdir()
@@ -237,9 +237,9 @@ def test_reduced_decode_scores_near_the_app_and_full_decode_equals_it(engine, tm
     without --full-decode, is refused with one line."""
     import json
 
-    from medclr.app import scoring
     from medclr.errors import MedclrError
     from medclr.io import read_image
+    from medclr.jobs import scoring
 
     root = tmp_path / "a"
     root.mkdir()
@@ -375,8 +375,8 @@ def test_a_non_finite_embedding_is_an_error_row_never_a_score(engine, tmp_path, 
     one line; the other images of its batch are scored as before."""
     import torch
 
-    from medclr.app import scoring
     from medclr.inference.engine import NON_FINITE
+    from medclr.jobs import scoring
     from medclr.models.image import ImageFeatures
 
     root = tmp_path / "in"

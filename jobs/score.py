@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             raise MedclrError(f"--{flag.replace('_', '-')}: expected >= 1")
     if args.workers is not None and args.workers < 0:
         raise MedclrError("--workers: expected >= 0")
-    from medclr.app.scoring import OUTPUT_SUFFIXES
+    from medclr.jobs.scoring import OUTPUT_SUFFIXES
 
     if Path(args.out).suffix not in OUTPUT_SUFFIXES:
         raise MedclrError(f"--out {args.out!r}: expected a path ending in .parquet or .csv")
@@ -95,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
         raise MedclrError("--embeddings needs a .parquet --out (a CSV cell holds no vector)")
     import torch
 
-    from medclr.app.scoring import ScoreOptions, score_tree
     from medclr.distributed import cleanup, env_world
     from medclr.inference import load_checkpoint
+    from medclr.jobs.scoring import ScoreOptions, score_tree
     from medclr.progress import show_progress
     from medclr.prompts import load_prompts
 
