@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from medclr.training.loop import train  # torch and the models load only now
 
     summary = train(cfg, resume=args.resume)
-    from medclr.training.distributed import env_world
+    from medclr.distributed import env_world
 
     if env_world()[0] == 0:
         print(json.dumps({"train": summary}, default=str))

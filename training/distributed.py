@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from medclr.distributed import cleanup, env_world, init_group  # noqa: F401 - re-exported for the loop
+from medclr.distributed import env_world, init_group
 
 
 @dataclass

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from medclr.data.pairs import study_weights
+from medclr.distributed import cleanup, env_world
 from medclr.errors import MedclrError
 from medclr.losses.base import ContrastiveLoss
 from medclr.losses.distributed import score_blocks
@@ -44,16 +45,7 @@ from medclr.training.augment import apply_on_device, augment_place
 from medclr.training.budget import StepBudget
 from medclr.training.config import dump_yaml, loss_kwargs, needs_num_samples, takes_num_texts
 from medclr.training.data import Collate, PairDataset, TrainTable, check_images_exist, load_table
-from medclr.training.distributed import (
-    DistEnv,
-    all_reduce_mean,
-    average_grads,
-    barrier,
-    broadcast_object,
-    cleanup,
-    env_world,
-    setup,
-)
+from medclr.training.distributed import DistEnv, all_reduce_mean, average_grads, barrier, broadcast_object, setup
 from medclr.training.hooks import MetricsLogger, Validator
 from medclr.training.optim import WarmupCosine, build_optimizer, param_groups
 from medclr.training.sampler import GlobalBatchSampler

@@ -14,7 +14,6 @@ import hashlib
 import os
 from pathlib import Path
 
-from medclr.inference.metadata import LOSS_STATE_NAME as LOSS_STATE_NAME  # re-exported: the directory's names
 from medclr.models.dual import WEIGHTS_NAME
 
 # loss_state.safetensors: per-sample tables (u, zeta) are indexed by the row's position in the training

@@ -25,7 +25,7 @@ import torch
 from medclr.errors import MedclrError
 from medclr.geometry import CropGeometry, centre_crop, resize_shorter_side, resized_shape
 from medclr.io import MAX_PIXELS, DecodedImage, read_image_reduced
-from medclr.io.limits import MIN_SIDE, image_problem  # noqa: F401 - MIN_SIDE re-exported
+from medclr.io.limits import image_problem
 
 DEFAULT_IMAGE_SIZE = 224
 

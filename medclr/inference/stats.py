@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from medclr.inference.checkpoint import LOSS_STATE_NAME, SAMPLE_INDEX_KEY, TEXT_HASH_KEY, hash_to_int
+from medclr.inference.checkpoint import SAMPLE_INDEX_KEY, TEXT_HASH_KEY, hash_to_int
+from medclr.inference.metadata import LOSS_STATE_NAME
 
 log = logging.getLogger(__name__)
 
