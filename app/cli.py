@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from medclr.inference import load_checkpoint
 
     engine = load_checkpoint(args.checkpoint, device=args.device)
-    index = load_index(args.index, engine) if args.index else None
+    index = load_index(args.index, engine, verify=True) if args.index else None  # hashes checked once, at start
     if index is None:
         log.warning("app: no --index given; the retrieval tab will say so")
     service = AppService(engine, index, max_pixels=args.max_pixels,

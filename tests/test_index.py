@@ -180,10 +180,10 @@ def test_damaged_index_files_are_refused_at_open(engine, app_assets, tmp_path, c
         fh.seek(256)
         fh.write(bytes(cells.stat().st_size - 256))
     with pytest.raises(MedclrError, match=r"image_cells\.npy is changed since it was written .* rebuild it"):
-        load_index(out, engine)
+        load_index(out, engine, verify=True)  # as the app's start and `medclr index search` open it
     assert medclr_main(["index", "info", str(out), "--verify"]) == 1
     assert "changed since it was written" in capsys.readouterr().err
-    load_index(out, engine, verify=False)  # sizes only: the zeroed file passes, as documented
+    load_index(out, engine)  # by default sizes only: the zeroed file passes, as documented
     with open(good / meta["data"] / "images.parquet", "r+b") as fh:
         fh.truncate(100)
     with pytest.raises(MedclrError, match=r"images\.parquet is of another size"):

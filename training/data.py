@@ -307,10 +307,10 @@ class PairDataset(torch.utils.data.Dataset):
         self.random = _random_transform(self.crop, d.get("aug") or {})
         # resize/dtype and the source file's identity ride along in each item so that the disk cache's key (a
         # hash of the item) changes when they do; PersistentDataset would otherwise serve stale images.
-        items = [{"image": p, "resize": int(d["resize"]), "dtype": d["cache_dtype"],
-                  "source": source_identity(p) if cache_mode(d["cache"]) == "disk" else ""} for p in table.paths]
-        load = Compose([_load_resize_transform(int(d["resize"]), d["cache_dtype"])])
         mode = cache_mode(d["cache"])
+        items = [{"image": p, "resize": int(d["resize"]), "dtype": d["cache_dtype"],
+                  "source": source_identity(p) if mode == "disk" else ""} for p in table.paths]
+        load = Compose([_load_resize_transform(int(d["resize"]), d["cache_dtype"])])
         try:
             if mode == "disk":
                 cache_dir = Path(d["cache_dir"] or Path(cfg["out"]) / "image_cache").expanduser()

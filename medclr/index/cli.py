@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
     engine = load_checkpoint(args.checkpoint, device=args.device)
     if args.index_command == "search":
-        index = load_index(args.index, engine, use_gpu=_gpu(args.gpu))
+        index = load_index(args.index, engine, use_gpu=_gpu(args.gpu), verify=True)
         if args.text is not None:
             if not args.text.strip():
                 raise MedclrError("--text: expected a non-empty phrase")

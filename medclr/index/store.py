@@ -201,11 +201,13 @@ def read_meta(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_index(directory: str | os.PathLike, engine=None, use_gpu: bool | str = "auto",
-               head: bool = True, verify: bool = True) -> RetrievalIndex:
+               head: bool = True, verify: bool = False) -> RetrievalIndex:
     """Open an index directory; with ``engine`` (an :class:`~medclr.inference.Inference`), check that
     it was built from the same checkpoint and (``head``) attach the checkpoint's head and the stored cells
     so that :meth:`RetrievalIndex.search_images_by_text` ranks by the head. Every data file's size is checked
-    against the manifest's record, and (``verify``) its SHA-256: a damaged index is refused in one line."""
+    against the manifest's record, and with ``verify`` its SHA-256 (a read of every file: the app's start and
+    `medclr index search` ask for it, a library caller opening an index in a loop need not): a damaged index
+    is refused in one line."""
     d = Path(directory)
     meta = read_meta(d)
     check_files(d, meta, hashes=verify)

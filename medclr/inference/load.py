@@ -37,8 +37,9 @@ def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "
         raise MedclrError(f"device {device!r}: CUDA is not available on this machine; use --device cpu")
     meta = read_metadata(src)
     verify = os.environ.get(TRUST_WEIGHTS_ENV) != "1" if verify_weights is None else verify_weights
-    sha = weights_sha256(src) if (src / WEIGHTS_NAME).is_file() else None
-    if verify and meta.weights_sha256 and sha != meta.weights_sha256:
+    sha = None  # hashed here only to check it; otherwise the engine hashes on first use (an index or score run)
+    if (verify and meta.weights_sha256 and (src / WEIGHTS_NAME).is_file()
+            and (sha := weights_sha256(src)) != meta.weights_sha256):
         raise MedclrError(f"{src / WEIGHTS_NAME}: its SHA-256 is not the one training recorded in checkpoint_meta.json, "
                           f"so the file is damaged or was changed (weights edited on purpose: set {TRUST_WEIGHTS_ENV}=1)")
     model = DualEncoder.from_pretrained(src, map_location=device)
