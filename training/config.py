@@ -247,6 +247,16 @@ def validate(cfg: dict) -> dict:
         raise MedclrError(f"config train.device {dev!r}: expected auto, cpu or cuda")
     if cfg["model"]["head"] not in ("cosine", "lse_nl"):
         raise MedclrError(f"config model.head {cfg['model']['head']!r}: expected cosine or lse_nl")
+    m = cfg["model"]
+    if m["image_pretrained"] not in ("auto", "imagenet", "none", "biovil"):
+        raise MedclrError(f"config model.image_pretrained {m['image_pretrained']!r}: expected auto, imagenet, none or biovil")
+    if m["input_norm"] not in ("auto", "imagenet", "none"):
+        raise MedclrError(f"config model.input_norm {m['input_norm']!r}: expected auto, imagenet or none")
+    if m["image_weights"] is not None and not Path(str(m["image_weights"])).expanduser().is_file():
+        raise MedclrError(f"config model.image_weights {m['image_weights']!r}: no such file")
+    if m["image_pretrained"] == "biovil" and m["image_weights"] is None:
+        raise MedclrError("config model.image_pretrained=biovil needs model.image_weights=FILE (hi-ml-multimodal's "
+                          "BioViL or BioViL-T image model .pt)")
     if cfg["model"]["stages"] not in (3, 4):
         raise MedclrError(f"config model.stages {cfg['model']['stages']!r}: expected 4 or 3")
     if cfg["model"]["output_stride"] not in (8, 16, 32) or cfg["model"]["output_stride"] > 2 ** (cfg["model"]["stages"] + 1):

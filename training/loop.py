@@ -231,7 +231,8 @@ def _build(plan: Plan, env: DistEnv) -> tuple[nn.Module, ContrastiveLoss]:
     head = m["head"] if m["head"] == "cosine" else {"type": m["head"], "gamma": float(m["lse_gamma"]),
                                                       "learn_gamma": bool(m["lse_learn_gamma"])}
     model = build_dual_encoder(plan.text_model, arch=m["arch"], joint_dim=int(m["joint_dim"]), head=head,
-                               image_pretrained=m["image_pretrained"], projector=m["projector"],
+                               image_pretrained=m["image_pretrained"], image_weights=m["image_weights"],
+                               input_norm=m["input_norm"], projector=m["projector"],
                                channels_last=channels_last, pooling=m["pooling"], max_length=int(m["max_length"]),
                                output_stride=int(m["output_stride"]), stages=int(m["stages"]),
                                allow_network=bool(m["allow_network"]), trust_remote_code=bool(m["trust_remote_code"]))

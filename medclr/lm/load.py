@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from pathlib import Path
 
 from medclr.errors import MedclrError
 from medclr.hub import quiet_transformers, resolve_model_dir
@@ -43,43 +44,21 @@ def load_masked_lm(
     to put the model (``None``: CUDA when present, else CPU).
     """
     import torch
-    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+
+    # medclr.models (torchvision and the towers) is imported only when a model is loaded
+    from medclr.models.hub import cxr_bert_config
 
     # where the model lives: medclr.hub, the resolution the text encoder uses (a cached hub id, or one
     # downloaded when allow_network, becomes its local snapshot directory)
     target = str(resolve_model_dir(name_or_path, allow_network=allow_network, trust_remote_code=trust_remote_code,
                                    what="masked LM"))
-    kwargs = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    cxr_bert = cxr_bert_config(Path(target))
     with quiet_transformers():
-        try:
-            config = AutoConfig.from_pretrained(target, **kwargs)
-        except OSError:
-            raise MedclrError(f"{target}: config.json could not be read; expected {FIT_HINT}") from None
-        except ValueError as exc:
-            if "trust_remote_code" in str(exc):
-                raise MedclrError(
-                    f"{target}: this model needs its own code from the repository; pass --trust-remote-code "
-                    "only if you trust it"
-                ) from None
-            raise MedclrError(f"{target}: unreadable model config ({str(exc).splitlines()[0]})") from None
-        try:
-            model, info = AutoModelForMaskedLM.from_pretrained(target, output_loading_info=True, **kwargs)
-        except ValueError as exc:
-            msg = str(exc).splitlines()[0]
-            if "Unrecognized configuration class" in msg or "AutoModelForMaskedLM" in msg:
-                raise MedclrError(
-                    f"{target}: model type '{config.model_type}' has no masked-LM class; PLL needs a masked LM "
-                    "(BERT-like, e.g. CXR-BERT or the output of `medclr lm fit`)"
-                ) from None
-            raise MedclrError(f"{target}: could not load as a masked LM ({msg})") from None
-        except OSError as exc:
-            raise MedclrError(f"{target}: model weights could not be read ({str(exc).splitlines()[0]})") from None
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(target, **kwargs)
-        except (OSError, ValueError, TypeError) as exc:
-            raise MedclrError(
-                f"{target}: no usable tokenizer saved with the model ({str(exc).splitlines()[0]})"
-            ) from None
+        if cxr_bert is not None:
+            model, info, tokenizer = _cxr_bert_masked_lm(target, cxr_bert)
+        else:
+            model, info, tokenizer = _auto_masked_lm(target, {"local_files_only": True,
+                                                              "trust_remote_code": trust_remote_code})
 
     prefix = getattr(model, "base_model_prefix", "")
     missing = sorted(k for k in info.get("missing_keys", ()) if prefix and not k.startswith(prefix + "."))
@@ -96,6 +75,57 @@ def load_masked_lm(
     log.info("loaded masked LM %s (%s, %.1fM parameters) on %s", target, type(model).__name__,
              sum(p.numel() for p in model.parameters()) / 1e6, device)
     return model, tokenizer
+
+
+def _auto_masked_lm(target: str, kwargs: dict):
+    """A masked LM of a model type transformers knows (or whose own code the caller trusts), and its tokenizer."""
+    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(target, **kwargs)
+    except OSError:
+        raise MedclrError(f"{target}: config.json could not be read; expected {FIT_HINT}") from None
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise MedclrError(
+                f"{target}: this model needs its own code from the repository; pass --trust-remote-code "
+                "only if you trust it"
+            ) from None
+        raise MedclrError(f"{target}: unreadable model config ({str(exc).splitlines()[0]})") from None
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(target, output_loading_info=True, **kwargs)
+    except ValueError as exc:
+        msg = str(exc).splitlines()[0]
+        if "Unrecognized configuration class" in msg or "AutoModelForMaskedLM" in msg:
+            raise MedclrError(
+                f"{target}: model type '{config.model_type}' has no masked-LM class; PLL needs a masked LM "
+                "(BERT-like, e.g. CXR-BERT or the output of `medclr lm fit`)"
+            ) from None
+        raise MedclrError(f"{target}: could not load as a masked LM ({msg})") from None
+    except OSError as exc:
+        raise MedclrError(f"{target}: model weights could not be read ({str(exc).splitlines()[0]})") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target, **kwargs)
+    except (OSError, ValueError, TypeError) as exc:
+        raise MedclrError(
+            f"{target}: no usable tokenizer saved with the model ({str(exc).splitlines()[0]})"
+        ) from None
+    return model, info, tokenizer
+
+
+def _cxr_bert_masked_lm(target: str, config):
+    """CXR-BERT without its repository's code: transformers' ``BertForMaskedLM`` is its body and MLM head (the
+    ``cls_projection_head`` tensors belong to the text tower, not to PLL), and its tokenizer is vocab.txt's BERT one."""
+    from transformers import BertForMaskedLM
+
+    from medclr.models.hub import load_tokenizer
+
+    try:
+        model, info = BertForMaskedLM.from_pretrained(target, config=config, local_files_only=True,
+                                                      output_loading_info=True)
+    except OSError as exc:
+        raise MedclrError(f"{target}: CXR-BERT weights could not be read ({str(exc).splitlines()[0]})") from None
+    return model, info, load_tokenizer(Path(target), trust_remote_code=False, bert_fallback=True)
 
 
 def model_fingerprint(model, tokenizer) -> str:

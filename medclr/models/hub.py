@@ -56,6 +56,27 @@ def read_prefixed_tensors(model_dir: Path, prefix: str) -> dict[str, torch.Tenso
     return {}
 
 
+# CXR-BERT's config (microsoft/BiomedVLP-CXR-BERT-*): model_type "cxr-bert", class CXRBertModel from the repository's
+# own code. Its class is transformers' BertForMaskedLM plus a cls_projection_head, so a BertConfig of the same
+# fields builds the body natively: no remote code (which breaks on transformers >= 4.40, hi-ml#956).
+CXR_BERT_TYPES = {"cxr-bert"}
+_NOT_BERT_FIELDS = {"model_type", "architectures", "auto_map", "transformers_version"}
+
+
+def cxr_bert_config(model_dir: Path):
+    """A transformers ``BertConfig`` for a CXR-BERT checkpoint folder, or None when ``model_dir`` holds another
+    model (an unreadable config.json is None too: the caller's own loading then says why)."""
+    from transformers import BertConfig
+
+    try:
+        raw = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if raw.get("model_type") not in CXR_BERT_TYPES and "CXRBertModel" not in (raw.get("architectures") or []):
+        return None
+    return BertConfig(**{k: v for k, v in raw.items() if k not in _NOT_BERT_FIELDS})
+
+
 def drop_pooler(model: nn.Module) -> nn.Module:
     # BERT-style models build a pooler ([CLS] -> dense -> tanh) that we never use; an unused
     # parameter breaks DDP (find_unused_parameters) and bloats checkpoints, so remove it.

@@ -18,9 +18,13 @@ Geometry (same as BioViL, see docs/models.md):
   ``projected_global_embedding``: project first, pool second, no separate global head).
 
 Input normalisation: the grey channel is repeated to 3 channels inside the model and, by default
-(``input_norm="imagenet"``), standardised with the ImageNet mean/std that torchvision's weights
-expect. With random init this is harmless (conv1 is followed by BatchNorm); ``input_norm="none"``
-feeds [0, 1] grey as BioViL does.
+(``input_norm="auto"``: "imagenet" except for BioViL weights), standardised with the ImageNet mean/std that
+torchvision's weights expect. With random init this is harmless (conv1 is followed by BatchNorm);
+``input_norm="none"`` feeds [0, 1] grey as BioViL does.
+
+Published chest X-ray weights: ``pretrained="biovil"`` with ``weights_path`` = hi-ml-multimodal's BioViL or
+BioViL-T image file (:mod:`medclr.models.biovil` maps its keys; BioViL-T adds its single-image neck). The trunk,
+projector and joint size must be the file's (a mismatch is one error line naming the settings to use).
 
 ImageNet weights are used only if the torchvision weight file is already on disk (the torch hub
 cache, ``$TORCH_HOME/hub/checkpoints``, or an explicit ``weights_path``): nothing is downloaded.
@@ -41,6 +45,7 @@ import torchvision
 from torch import nn
 
 from medclr.errors import MedclrError
+from medclr.models.biovil import TemporalNeck, load_biovil_into, read_biovil_weights
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +128,13 @@ class ImageEncoder(nn.Module):
         projector: "linear" (one 1x1 conv with bias) or "mlp" (BioViL: 1x1 conv no bias -> BN -> ReLU
             -> 1x1 conv).
         pretrained: "auto" = ImageNet weights if the file is cached locally, else random init (logged);
-            "imagenet" = require the cached file (MedclrError if missing); "none" = random init.
-        weights_path: an explicit torchvision ResNet state-dict file (.pth); implies ImageNet init.
-        input_norm: "imagenet" or "none" (see module docstring).
+            "imagenet" = require the cached file (MedclrError if missing); "none" = random init;
+            "biovil" = BioViL / BioViL-T weights from ``weights_path`` (trunk, projector and, for BioViL-T, its neck).
+        weights_path: an explicit torchvision ResNet state-dict file (.pth), which implies ImageNet init; with
+            ``pretrained="biovil"``, hi-ml-multimodal's image model file.
+        input_norm: "imagenet", "none" or "auto" (none for BioViL weights, else imagenet; see module docstring).
+        neck: None, or "biovil_t" (BioViL-T's single-image neck between trunk and projector; set from the file
+            when ``pretrained="biovil"``, and by :meth:`from_config`).
         output_stride: the region grid's stride: 32 (torchvision's ResNet), 16 (last stage unstrided, or
             ``stages=3`` as is) or 8 (the last two kept stages unstrided).
         stages: ResNet stages kept, 4 (the whole trunk) or 3 (cut after layer3).
@@ -140,10 +149,11 @@ class ImageEncoder(nn.Module):
         projector: str = "linear",
         pretrained: str = "auto",
         weights_path: str | os.PathLike | None = None,
-        input_norm: str = "imagenet",
+        input_norm: str = "auto",
         channels_last: bool = False,
         output_stride: int = _STRIDE,
         stages: int = 4,
+        neck: str | None = None,
     ) -> None:
         super().__init__()
         if stages not in (3, 4):
@@ -155,16 +165,28 @@ class ImageEncoder(nn.Module):
             raise MedclrError(f"image arch {arch!r}: expected one of {sorted(_ARCHS)}")
         if projector not in ("linear", "mlp"):
             raise MedclrError(f"image projector {projector!r}: expected 'linear' or 'mlp'")
-        if pretrained not in ("auto", "imagenet", "none"):
-            raise MedclrError(f"image pretrained {pretrained!r}: expected 'auto', 'imagenet' or 'none'")
-        if input_norm not in ("imagenet", "none"):
-            raise MedclrError(f"image input_norm {input_norm!r}: expected 'imagenet' or 'none'")
+        if pretrained not in ("auto", "imagenet", "none", "biovil"):
+            raise MedclrError(f"image pretrained {pretrained!r}: expected 'auto', 'imagenet', 'none' or 'biovil'")
+        if input_norm not in ("auto", "imagenet", "none"):
+            raise MedclrError(f"image input_norm {input_norm!r}: expected 'auto', 'imagenet' or 'none'")
+        if neck not in (None, "biovil_t"):
+            raise MedclrError(f"image neck {neck!r}: expected none or 'biovil_t'")
+        biovil = None
+        if pretrained == "biovil":
+            if weights_path is None:
+                raise MedclrError("image pretrained 'biovil' needs the weights file (model.image_weights / weights_path=): "
+                                  "hi-ml-multimodal's BioViL or BioViL-T image model .pt")
+            biovil = read_biovil_weights(weights_path)
+            _check_fits_biovil(biovil, arch, joint_dim, projector, stages, output_stride)
+            neck = biovil.neck
+        if input_norm == "auto":
+            input_norm = "none" if pretrained == "biovil" else "imagenet"
         builder, channels, _ = _ARCHS[arch]
         self.arch, self.joint_dim, self.projector_kind = arch, int(joint_dim), projector
         self.pretrained, self.input_norm, self.channels_last = pretrained, input_norm, bool(channels_last)
 
         resnet = builder(weights=None)  # weights=None: torchvision never downloads
-        self.init = self._maybe_load_imagenet(resnet, weights_path)
+        self.init = biovil.kind if biovil else self._maybe_load_imagenet(resnet, weights_path)
         self.output_stride, self.stages = int(output_stride), int(stages)
         kept = [resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4][:stages]
         natural_stride = 2 ** (stages + 1)  # conv1 and maxpool halve twice, every kept stage after layer1 once
@@ -175,12 +197,15 @@ class ImageEncoder(nn.Module):
         names = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4")[: 4 + stages]
         self.trunk = nn.Sequential(OrderedDict((n, getattr(resnet, n)) for n in names))
         self.out_channels = channels if stages == 4 else channels // 2
+        self.neck_kind = neck
+        self.neck = TemporalNeck(self.out_channels) if neck == "biovil_t" else None
+        proj_in = self.neck.out_channels if self.neck is not None else self.out_channels
 
         if projector == "linear":
-            self.proj = nn.Conv2d(self.out_channels, joint_dim, kernel_size=1)
+            self.proj = nn.Conv2d(proj_in, joint_dim, kernel_size=1)
         else:
             self.proj = nn.Sequential(
-                nn.Conv2d(self.out_channels, joint_dim, kernel_size=1, bias=False),
+                nn.Conv2d(proj_in, joint_dim, kernel_size=1, bias=False),
                 nn.BatchNorm2d(joint_dim),
                 nn.ReLU(inplace=True),
                 nn.Conv2d(joint_dim, joint_dim, kernel_size=1),
@@ -191,6 +216,9 @@ class ImageEncoder(nn.Module):
         std = torch.tensor(_IMAGENET_STD if input_norm == "imagenet" else (1.0,) * 3).view(1, 3, 1, 1)
         self.register_buffer("mean", mean, persistent=False)
         self.register_buffer("std", std, persistent=False)
+        if biovil is not None:
+            load_biovil_into(self, biovil, weights_path)
+            log.info("image encoder %s: %s init from %s", arch, biovil.kind, weights_path)
         if self.channels_last:
             self.to(memory_format=torch.channels_last)
 
@@ -244,7 +272,8 @@ class ImageEncoder(nn.Module):
         x = ((x - self.mean) / self.std).to(self.std.dtype)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        regions = self.proj(self.trunk(x))
+        features = self.trunk(x)
+        regions = self.proj(features if self.neck is None else self.neck(features))
         # Downstream code (heads, grounding) reshapes/views regions; hand back a standard layout.
         regions = regions.contiguous()
         pooled = regions.float().mean(dim=(2, 3))
@@ -262,6 +291,7 @@ class ImageEncoder(nn.Module):
             "channels_last": self.channels_last,
             "output_stride": self.output_stride,
             "stages": self.stages,
+            "neck": self.neck_kind,
             "init": self.init,  # provenance only: what the trunk started from when it was built
         }
 
@@ -269,12 +299,25 @@ class ImageEncoder(nn.Module):
     def from_config(cls, cfg: dict[str, Any], load_weights: bool = True) -> ImageEncoder:
         """Rebuild from :meth:`to_config`. ``load_weights=False`` skips the ImageNet file (the caller
         is about to load a checkpoint over it)."""
-        known = {"arch", "joint_dim", "projector", "pretrained", "input_norm", "channels_last", "output_stride", "stages"}
+        known = {"arch", "joint_dim", "projector", "pretrained", "input_norm", "channels_last", "output_stride", "stages",
+                 "neck"}
         kwargs = {k: v for k, v in cfg.items() if k in known}
-        if not load_weights:
+        # BioViL's file is not recorded: a checkpoint carries those weights itself
+        skip_file = not load_weights or kwargs.get("pretrained") == "biovil"
+        if skip_file:
             kwargs["pretrained"] = "none"
         enc = cls(**kwargs)
-        if not load_weights:
+        if skip_file:
             enc.pretrained = cfg.get("pretrained", "auto")
             enc.init = cfg.get("init", enc.init)
         return enc
+
+
+def _check_fits_biovil(weights, arch: str, joint_dim: int, projector: str, stages: int, output_stride: int) -> None:
+    """An encoder asked to take BioViL weights must have their shapes: one line naming the settings to use."""
+    wrong = [f"{name}={want}" for name, want, got in (
+        ("model.arch", weights.arch, arch), ("model.joint_dim", weights.joint_dim, int(joint_dim)),
+        ("model.projector", "mlp", projector), ("model.stages", 4, stages), ("model.output_stride", 32, output_stride),
+    ) if want != got]
+    if wrong:
+        raise MedclrError(f"{weights.kind} image weights need {' '.join(wrong)} (the file's trunk and projector)")

@@ -25,11 +25,10 @@ from torch import nn
 
 from medclr.errors import MedclrError
 from medclr.hub import one_line, quiet_transformers, resolve_model_dir
-from medclr.models.hub import drop_pooler, load_tokenizer, read_prefixed_tensors
+from medclr.models.hub import cxr_bert_config, drop_pooler, load_tokenizer, read_prefixed_tensors
 
 log = logging.getLogger(__name__)
 
-_CXR_BERT_TYPES = {"cxr-bert"}
 _CXR_HEAD_PREFIX = "cls_projection_head."
 _VOLATILE_KEYS = {"architectures", "auto_map", "transformers_version", "_name_or_path"}
 
@@ -131,7 +130,7 @@ class TextEncoder(nn.Module):
         Linear. A masked-LM checkpoint (``BertForMaskedLM``) loads its encoder part; the MLM head is
         dropped.
         """
-        from transformers import AutoModel, BertConfig, BertModel
+        from transformers import AutoModel, BertModel
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
         if projection not in ("auto", "linear", "cxrbert"):
@@ -145,14 +144,13 @@ class TextEncoder(nn.Module):
         except (OSError, ValueError) as exc:
             raise MedclrError(f"text model {str(model_dir)!r}: unreadable config.json ({one_line(exc)})") from exc
         model_type = raw.get("model_type")
-        is_cxr_bert = model_type in _CXR_BERT_TYPES or "CXRBertModel" in (raw.get("architectures") or [])
+        bert_cfg = cxr_bert_config(model_dir)
+        is_cxr_bert = bert_cfg is not None
         head_state: dict[str, torch.Tensor] = {}
         try:
             with quiet_transformers():
                 if is_cxr_bert:
                     # Native path: no remote code needed (see module docstring).
-                    drop = {"model_type", "architectures", "auto_map", "transformers_version"}
-                    bert_cfg = BertConfig(**{k: v for k, v in raw.items() if k not in drop})
                     backbone = BertModel.from_pretrained(
                         model_dir, config=bert_cfg, local_files_only=True, add_pooling_layer=False
                     )
