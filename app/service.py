@@ -34,6 +34,7 @@ import numpy as np
 from medclr.app import render, tempdir
 from medclr.errors import MedclrError
 from medclr.inference.heatmap import MIN_MAP_RANGE, SMOOTH_SIGMA, has_localised_signal, map_range
+from medclr.inference.overlay import overlay
 from medclr.io import MAX_PIXELS, read_image, read_radiograph
 
 log = logging.getLogger("medclr.app")
@@ -277,7 +278,7 @@ class AppService:
             return render.to_uint8(up.display), (
                 f"The model shows no localised signal for this phrase: its region scores span only "
                 f"{map_range(grid):.3f} (a localised match spans at least {MIN_MAP_RANGE:.2f}), so no heatmap is drawn.")
-        img, info = render.overlay(up.display, heat, scale=scale)
+        img, info = overlay(up.display, heat, scale=scale)
         legend = (presence_sentence(evidence) + f"cosine similarity in [{info['min']:.3f}, {info['max']:.3f}]; colours span "
                   f"[{info['lo']:.3f}, {info['hi']:.3f}] (blue low, red high); contours at "
                   + ", ".join(f"{v:.3f}" for v in info["levels"]) + "; outside the model's centre crop: no colour")

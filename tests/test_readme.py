@@ -33,11 +33,12 @@ def test_readme_python_example_runs_as_written(app_assets, index_dir, tmp_path, 
         exec(compile(blocks[0], str(README), "exec"), scope)  # noqa: S102 - the README's own code
     lines = out.getvalue().splitlines()
     classes = ["Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax"]
-    assert [line.split(" ")[0] for line in lines[:5]] == [c.split(" ")[0] for c in classes]
-    heatmap, image = scope["heatmap"], scope["image"]
+    assert [line.rsplit(" ", 1)[0] for line in lines[:5]] == classes
+    heatmap, image, picture = scope["heatmap"], scope["image"], scope["picture"]
     from medclr.io import read_image
 
     assert heatmap.shape == read_image(image).shape and not math.isnan(float(heatmap[heatmap == heatmap].mean()))
+    assert picture.shape == (*heatmap.shape, 3) and picture.dtype.name == "uint8"
     hits = lines[5:]
     assert len(hits) == 3 and all(Path(h.split(" ", 1)[1]).suffix for h in hits)
     assert [float(h.split(" ")[0]) for h in hits] == sorted((float(h.split(" ")[0]) for h in hits), reverse=True)

@@ -298,6 +298,33 @@ class Inference:
         """The map of :meth:`heatmap`."""
         return self.heatmap(image, phrase, sigma, interpolation, size)[0]
 
+    def overlay(self, image: Any, phrase: str, scale: str = "relative", sigma: float = SMOOTH_SIGMA
+                ) -> tuple[np.ndarray, dict[str, Any]]:
+        """(H x W x 3 uint8: the map of :meth:`ground` over the radiograph at its own resolution, in the app's colours
+        and contours (``medclr.inference.overlay``); the colour range {"lo", "hi", "levels", "min", "max"}). It paints
+        wherever the phrase matches best; whether the model says the phrase holds at all is :meth:`phrase_evidence`."""
+        from medclr.inference.overlay import overlay
+
+        enc = self.encode(image)
+        return overlay(enc.image, self.heatmap(enc, phrase, sigma)[0], scale=scale)
+
+    # -- retrieval --------------------------------------------------------------------------------
+    def retrieve(self, index: Any, *, image: Any = None, text: str | None = None, k: int = 10
+                 ) -> list[dict[str, Any]]:
+        """The ``k`` indexed studies most like one query, best first: an ``image`` (path or array; ranked by the
+        cosine of global embeddings) or a ``text`` (ranked by this checkpoint's head, as the app's report search).
+        ``index``: a folder from `medclr index build` of this checkpoint, or a ``medclr.index.RetrievalIndex`` opened
+        with this engine. Each hit: {"score", "image_path", "report", "manifest_index", ...}. The query's own study
+        is returned too when the index holds it."""
+        from medclr.index import RetrievalIndex, load_index
+
+        if (image is None) == (text is None):
+            raise MedclrError("retrieve: pass exactly one query, image=... or text=...")
+        idx = index if isinstance(index, RetrievalIndex) else load_index(index, self)
+        if text is not None:
+            return idx.search_images_by_text(self.embed_texts([text]), k=k)[0]
+        return idx.search_images(self.embed_images([image]), k=k)[0]
+
     # -- sentence statistics ----------------------------------------------------------------------
     @property
     def stats(self) -> SentenceStats:
