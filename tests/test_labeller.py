@@ -28,6 +28,13 @@ from medclr.data.labels import CHEX5
     ("Mild vascular congestion.", "Edema", 1.0),
     ("Blunting of the left costophrenic angle.", "Pleural Effusion", 1.0),
     ("The lungs are clear.", "Pneumonia", None),
+    ("There is enlargement of the cardiac silhouette.", "Cardiomegaly", 1.0),
+    ("Prominent pulmonary vascularity.", "Edema", 1.0),
+    ("Central pulmonary vasculature is not engorged.", "Edema", 0.0),
+    ("The right costophrenic sulcus is blunted.", "Pleural Effusion", 1.0),
+    ("Cardiomegaly and/or pericardial effusion.", "Pleural Effusion", None),  # not a pleural effusion
+    ("No evidence for pulmonary edema or pneumonitis.", "Pneumonia", 0.0),
+    ("Pneumonia is in the differential.", "Pneumonia", -1.0),
 ])
 def test_sentence_rules(sentence, cls, want):
     assert mention(sentence, cls) == want

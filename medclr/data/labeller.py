@@ -13,7 +13,8 @@ else negative if any is, else not mentioned.
 Why rules of our own: CheXpert's labeller (NegBio, Java/Python 2 era) and CheXbert (a BERT model with weights
 to download) are neither installable offline nor kept up; the cues chest reports use for these five findings
 are few, and the same cues already decide the hard negatives, so one reading of "what a sentence states"
-serves training and evaluation. Agreement with the phantom's truth is tested (tests/test_labeller.py).
+serves training and evaluation. Agreement with the phantom's truth is tested (tests/test_labeller.py) and
+measured by `medclr label --truth` (:func:`agreement`; docs/evaluation.md section 3).
 """
 
 from __future__ import annotations
@@ -33,14 +34,17 @@ CLASS_FINDING = {"Cardiomegaly": "cardiomegaly", "Edema": "edema", "Pleural Effu
 _MORE = {
     "Cardiomegaly": r"\benlarged (?:heart|cardiac)\b|"
                     r"\b(?:heart|cardiac silhouette|cardiac contour)\b[^.;]{0,45}\b(?:enlarged|large)\b|"
-                    r"\bcardiac enlargement\b|\bborderline (?:heart|cardiac)\b|\bupper limits? of normal heart\b|"
+                    r"\bcardiac enlargement\b|\benlargement of the (?:heart|cardiac (?:silhouette|contour))\b|"
+                    r"\bborderline (?:heart|cardiac)\b|\bupper limits? of normal heart\b|"
                     r"\b(?:heart|cardiac)\b[^.;]{0,40}\b(?:top normal|upper limits? (?:of )?normal|borderline)\b",
     "Edema": r"\bchf\b|\bcongestive heart failure\b|\bcongesti(?:on|ve)\b|\bfluid overload\b|\bcephalization\b|"
              r"\bvascular (?:prominence|indistinctness|engorgement)\b|\bindistinct\w* (?:pulmonary )?vascula\w+|"
              r"\bincreased (?:pulmonary |interstitial )?(?:vascula\w+|interstitial markings)\b|"
-             r"\bvascula\w+ (?:markings )?(?:is|are) (?:\w+ )?(?:prominent|increased)\b",
-    "Pleural Effusion": r"\bpleural fluid\b|\bcostophrenic\b[^.;]{0,25}\bblunting\b|\bblunting\b[^.;]{0,40}\bcostophrenic\b",
-    "Pneumonia": r"\bpneumonias?\b",
+             r"\bvascula\w+ (?:markings )?(?:is|are) (?:\w+ )?(?:prominent|increased)\b|"
+             r"\bprominen(?:t|ce)\b[^.;]{0,25}\bvascula\w+|\b(?:pulmonary|vascula\w+|vessels)\b[^.;]{0,25}\bengorged\b",
+    "Pleural Effusion": r"\bpleural fluid\b|\bcostophrenic\b[^.;]{0,25}\bblunt(?:ing|ed)\b|"
+                        r"\bblunt(?:ing|ed)\b[^.;]{0,40}\bcostophrenic\b",
+    "Pneumonia": r"\bpneumonias?\b|\bpneumonitis\b",
     "Pneumothorax": r"\bpleural air\b",
 }
 # NegEx (Chapman et al. 2001): a cue before the mention negates it unless a terminator stands between them
@@ -54,8 +58,11 @@ _NEG_AFTER = re.compile(r"^[^.;]{0,20}?\b(?:(?:is|are|was|were|has|have been)\s+
                         r"visualized|appreciated|evident|demonstrated|noted)|absent|resolved)\b", re.IGNORECASE)
 _HEDGE = re.compile(r"\b(?:possibl[ey]|probabl[ey]|may|might|could|likely|suspect\w*|questionabl[ey]|question of|"
                     r"concern\w*|cannot be (?:excluded|ruled out)|cannot exclude|not excluded|versus|vs|borderline|"
-                    r"upper limits? (?:of )?normal|top normal|equivocal|suggest\w*|suspicious)\b", re.IGNORECASE)
+                    r"upper limits? (?:of )?normal|top normal|equivocal|suggest\w*|suspicious|differential|consideration)\b",
+                    re.IGNORECASE)
 _VALUE = {"+": 1.0, "?": -1.0, "-": 0.0}
+# a hit of the shared finding pattern that names another finding: a pericardial effusion is not a pleural one
+_OTHER_FINDING = {"Pleural Effusion": re.compile(r"\bpericardial\s+$", re.IGNORECASE)}
 
 
 def _patterns(cls: str) -> list[re.Pattern[str]]:
@@ -67,7 +74,8 @@ def mention(sentence: str, cls: str) -> float | None:
     mention's polarity, negation scoped NegEx-style (a cue before it with no terminator between, or a cue
     right after it), uncertainty by a hedge anywhere in the sentence."""
     text = " ".join(str(sentence).split())
-    hits = [m for p in _patterns(cls) for m in p.finditer(text)]
+    other = _OTHER_FINDING.get(cls)
+    hits = [m for p in _patterns(cls) for m in p.finditer(text) if not (other and other.search(text[: m.start()]))]
     if not hits:
         return 0.0 if cls == "Cardiomegaly" and calls_heart_normal(text) else None
     values = []
@@ -106,3 +114,37 @@ def label_manifest(manifest, classes: Sequence[str] = CHEX5, overwrite: bool = F
         for c in fill:
             df[c] = np.array([r[c] for r in rows], dtype=np.float64)
     return df, fill
+
+
+_VALUE_NAMES = (("1", 1.0), ("0", 0.0), ("-1", -1.0))
+
+
+def value_counts(values) -> dict[str, int]:
+    """{"1", "0", "-1", "blank": how many} of one label column."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=np.float64)
+    return {name: int((v == x).sum()) for name, x in _VALUE_NAMES} | {"blank": int(np.isnan(v).sum())}
+
+
+def agreement(rules, truth, classes: Sequence[str]) -> dict[str, dict]:
+    """Per class, the rules' labels against a truth's on the same rows: how often they agree on whether the report
+    states the finding (1 against 0, -1 or blank, CheXpert's positive call), Cohen's kappa of that call (None when
+    both call every report alike: kappa is undefined), and what the rules called the truth's positives."""
+    import warnings
+
+    import numpy as np
+    from sklearn.exceptions import UndefinedMetricWarning
+    from sklearn.metrics import cohen_kappa_score
+
+    out = {}
+    for c in classes:
+        r, t = rules[c].to_numpy(np.float64), truth[c].to_numpy(np.float64)
+        called, stated = r == 1, t == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UndefinedMetricWarning)
+            kappa = float(cohen_kappa_score(stated, called, labels=[False, True]))
+        out[c] = {"agreement": float(np.mean(called == stated)), "kappa": None if math.isnan(kappa) else kappa,
+                  "n_pos_truth": int(stated.sum()), "n_pos_rules": int(called.sum()),
+                  "truth_pos_called": value_counts(r[stated])}
+    return out
