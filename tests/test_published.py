@@ -27,10 +27,10 @@ WORDS = ("no yes there is a the small large right left pleural effusion pneumoth
          "clear acute cardiopulmonary process focal consolidation edema").split()
 
 
-def _biovil_file(tmp_path, encoder_type: str, seed: int = 0):
+def _biovil_file(tmp_path, encoder_type: str, seed: int = 0, joint: int = 128):
     """hi-ml's ImageModel with random weights and non-trivial BatchNorm statistics, saved as hi-ml saves it."""
     torch.manual_seed(seed)
-    model = ImageModel(img_encoder_type=encoder_type, joint_feature_size=128)
+    model = ImageModel(img_encoder_type=encoder_type, joint_feature_size=joint)
     for module in model.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.running_mean.uniform_(-0.2, 0.2)
@@ -173,3 +173,31 @@ def test_lm_score_with_a_cxr_bert_folder_end_to_end(cxr_bert_dir, tmp_path, caps
     ref = pseudo_log_likelihood(table["sentence"].tolist(), reference, tokenizer, progress=False)
     np.testing.assert_allclose(table["pll"], ref, atol=1e-4)
     np.testing.assert_allclose(table["eta"], np.minimum(0.2 * np.exp(0.35 * table["pll"]), 0.5), rtol=1e-6)
+
+
+def test_a_run_starts_from_biovil_and_cxr_bert(cxr_bert_dir, tmp_path):
+    """`medclr train` from BioViL's image file and a CXR-BERT folder: with no steps (train.max_steps=0) the checkpoint
+    is BioViL + CXR-BERT as published, ready for `medclr eval`, the app and medclr.load."""
+    from medclr.cli import main
+    from medclr.data.manifest import write_manifest
+    from medclr.data.readers.mimic import read_mimic_cxr_jpg
+    from medclr.inference import load_checkpoint
+    from medclr.models.biovil import read_biovil_weights
+    from tests.test_training import TINY, write_tiny_mimic
+
+    folder, reference = cxr_bert_dir
+    root = write_tiny_mimic(tmp_path / "mimic")
+    manifest = write_manifest(read_mimic_cxr_jpg(root), tmp_path / "manifest.parquet", root)
+    _, weights = _biovil_file(tmp_path, "resnet50", joint=32)  # CXR-BERT's projection above is 32 wide
+    out = tmp_path / "run"
+    assert main(["train", "--config", "infonce", *TINY, f"data.manifest={manifest}", f"model.text={folder}",
+                 f"out={out}", "model.arch=resnet50", "model.projector=mlp", "model.joint_dim=32",
+                 "model.image_pretrained=biovil", f"model.image_weights={weights}", "model.pooling=cls",
+                 "model.stages=4", "model.output_stride=32", "train.batch_size=8", "train.max_steps=0"]) == 0
+    model = load_checkpoint(out).model
+    assert model.image_encoder.init == "biovil" and model.image_encoder.input_norm == "none"
+    mapped = read_biovil_weights(weights).state
+    image_state = model.image_encoder.state_dict()
+    assert all(torch.equal(image_state[k], v) for k, v in mapped.items())
+    text_state = model.text_encoder.proj.state_dict()
+    assert all(torch.equal(text_state[k], v) for k, v in reference.cls_projection_head.state_dict().items())
