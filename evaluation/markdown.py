@@ -10,36 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
+from medclr.eval_report import ci, fmt, table  # the cells the core's model card writes too
 
 __all__ = ["ci", "fmt", "header", "interval", "mean_sd", "pooled_row", "table"]
-
-
-def fmt(x: Any, nd: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    if isinstance(x, str):
-        return x
-    if isinstance(x, float) and math.isinf(x):
-        return "∞" if x > 0 else "−∞"
-    if isinstance(x, (int, np.integer)) or float(x).is_integer() and abs(x) >= 10:
-        return f"{x:g}" if not isinstance(x, (int, np.integer)) else str(int(x))
-    return f"{x:.{nd}f}"
-
-
-def _row(*cells: Any) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
-def table(head: list[str], rows: list[list[Any]]) -> list[str]:
-    return [_row(*head), _row(*(["---"] * len(head))), *(_row(*r) for r in rows)]
-
-
-def ci(bounds: Any) -> str:
-    """" [lo, hi]" of a bootstrap CI, or "" when it is undefined."""
-    if not bounds or any(v is None or (isinstance(v, float) and math.isnan(v)) for v in bounds):
-        return ""
-    return f" [{bounds[0]:.3f}, {bounds[1]:.3f}]"
 
 
 # --------------------------------------------------------------------------- several checkpoints

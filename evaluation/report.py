@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from medclr.eval_report import read_summary as read_summary  # its one copy, shared with the core's model card
 from medclr.evaluation.markdown import fmt, table
 from medclr.evaluation.tasks import Column, tasks
 
@@ -65,19 +66,6 @@ def summary(metrics: dict) -> dict[str, float | None]:
         values = t.summary(block) if block else {}
         out.update({c.key: values.get(c.key) for c in t.columns})
     return out
-
-
-def read_summary(path: str | Path) -> dict[str, Any]:
-    """The Table 1 row of another run's metrics.json (for ``--compare``)."""
-    import json
-
-    from medclr.errors import MedclrError
-
-    try:
-        s = json.loads(Path(path).read_text())["summary"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise MedclrError(f"--compare {path}: not a `medclr eval` metrics.json ({type(exc).__name__})") from None
-    return {k: (math.inf if v == "inf" else math.nan if v is None else v) for k, v in s.items()}
 
 
 def jsonable(x: Any) -> Any:

@@ -129,8 +129,10 @@ class NonLocalBlock(nn.Module):
     def forward(self, regions: torch.Tensor) -> torch.Tensor:
         b, d, h, w = regions.shape
         x = regions.reshape(b, d, h * w).transpose(1, 2)  # B x N x D
-        # SDPA: the same maths as softmax(QK^T/sqrt(k))V, fused where the backend allows.
-        y = nn.functional.scaled_dot_product_attention(self.theta(x), self.phi(x), self.g(x))
+        # SDPA: the same maths as softmax(QK^T/sqrt(k))V, fused where the backend allows; as one head
+        # (B x 1 x N x k), the 4-D layout every backend and the ONNX exporter take (3-D fails to export).
+        q, k, v = (proj(x)[:, None] for proj in (self.theta, self.phi, self.g))
+        y = nn.functional.scaled_dot_product_attention(q, k, v)[:, 0]
         z = x + self.out(y)
         return z.transpose(1, 2).reshape(b, d, h, w)
 
