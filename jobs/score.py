@@ -77,6 +77,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full-decode", action="store_true",
                         help="decode every pixel and score float32 inputs, as the app does (default: JPEG and "
                              "JPEG 2000 decode at a reduced size, 8-bit images travel as uint8; docs/scoring.md)")
+    parser.add_argument("--decoder", choices=("auto", "cpu", "device"), default="auto",
+                        help="where greyscale JPEG files and uncompressed DICOM finish decoding: auto = on the GPU "
+                             "with --device cuda (nvJPEG; the DICOM display table and the resize there), else in the "
+                             "CPU workers; device = on the model's device whatever it is; cpu = always in the "
+                             "workers (docs/scoring.md)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
@@ -111,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     opts = ScoreOptions(batch_size=args.batch_size, workers=workers, embeddings=args.embeddings,
                         part_files=args.part_files, max_pixels=args.max_pixels,
                         progress=not args.no_progress and show_progress(), full_decode=args.full_decode,
-                        uids=args.uids, prompts=prompts)
+                        uids=args.uids, prompts=prompts, decoder=args.decoder)
     try:
         stats = score_tree(engine, Path(args.input), Path(args.out), opts)
     finally:

@@ -141,6 +141,9 @@ class ScoreOptions:
     # class -> {"positive": [...], "negative": [...]} (``medclr.prompts.load_prompts``); None: the CheX5 pairs,
     # the only prompts the checkpoint's validation calibrated (others give the raw softmax, with a reason)
     prompts: dict | None = None
+    # where baseline JPEG and uncompressed DICOM finish decoding (``medclr.inference.device_decode``): auto = on
+    # a CUDA model's GPU, else in the CPU workers; cpu; device = on the model's device whatever it is
+    decoder: str = "auto"
 
     @property
     def decode(self) -> str:
@@ -231,13 +234,16 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
 
 def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[int, int]], this_run: int,
                  parts: Path, rank: int, seq: int, classes: list[str], opts: ScoreOptions) -> dict[str, int]:
+    from medclr.inference.device_decode import describe, device_formats, model_inputs
     from medclr.inference.engine import NON_FINITE
-    from medclr.inference.preprocess import image_loader, model_input
+    from medclr.inference.preprocess import image_loader
 
     fast = not opts.full_decode
+    formats = device_formats(opts.decoder, engine.device, opts.full_decode)
+    log.info("score: %s", describe(formats, engine.device, opts.workers))
     loader = image_loader([root / f for f in todo], engine.preprocess, opts.batch_size, opts.workers,
                           max_pixels=opts.max_pixels, reduced=fast, uint8=fast,
-                          pin_memory=engine.device.type == "cuda")
+                          pin_memory=engine.device.type == "cuda", device_formats=formats)
     bar = None
     if opts.progress:
         from tqdm import tqdm
@@ -256,11 +262,11 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
             counts["parts"] += 1
 
     for batch in loader:
+        images = model_inputs(batch, engine.preprocess, engine.device)  # a file the device cannot read: not ok now
         ok = batch["ok"]
         probs = emb = finite = None
         if ok.any():
-            images = batch["tensor"] if ok.all() else batch["tensor"][ok]  # indexing would unpin the batch
-            feats = engine.image_features(model_input(images, engine.device))
+            feats = engine.image_features(images)
             finite = feats.global_emb.isfinite().all(dim=1).tolist()  # NaN/inf: an error row, never a score
             _, raw, s_pos, s_neg = engine.zero_shot_scores(feats, opts.prompts)
             probs, _notes = engine.calibrated(classes, raw, s_pos, s_neg, opts.prompts)

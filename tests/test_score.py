@@ -22,6 +22,13 @@ from tests.dicom_factory import make_dicom
 N_PNG = 24
 
 
+def _grey(value: int, shape: tuple[int, int] = (40, 48), dtype=np.uint8) -> np.ndarray:
+    """A flat grey image with one pixel a level off: a blank one is refused (medclr.io.limits.blank_problem)."""
+    img = np.full(shape, value, dtype)
+    img[0, 0] ^= 1
+    return img
+
+
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory):
     root = tmp_path_factory.mktemp("archive")
@@ -112,8 +119,8 @@ def test_score_in_process_with_shards(engine, tmp_path, monkeypatch):  # noqa: F
     root = tmp_path / "small"
     root.mkdir()
     for i in range(8):
-        Image.fromarray(np.full((40, 48), 20 * i, np.uint8)).save(root / f"{i}.png")
-    make_dicom(root / "8.dcm", np.full((40, 48), 300, np.uint16), Modality="OT")  # read, and flagged
+        Image.fromarray(_grey(20 * i)).save(root / f"{i}.png")
+    make_dicom(root / "8.dcm", _grey(300, dtype=np.uint16), Modality="OT")  # read, and flagged
     (root / "bad.jpg").write_bytes(b"\xff\xd8 not really")
     out = tmp_path / "r.parquet"
     opts = scoring.ScoreOptions(batch_size=4, workers=0, part_files=2, progress=False)
@@ -139,7 +146,7 @@ def test_resuming_onto_another_archive_is_refused(engine, tmp_path, monkeypatch)
     out = tmp_path / "r.parquet"
     for name in ("A", "B"):
         (tmp_path / name).mkdir()
-        Image.fromarray(np.full((40, 48), 10 if name == "A" else 200, np.uint8)).save(tmp_path / name / "same.png")
+        Image.fromarray(_grey(10 if name == "A" else 200)).save(tmp_path / name / "same.png")
     opts = scoring.ScoreOptions(batch_size=2, workers=0, progress=False)
     assert scoring.score_tree(engine, tmp_path / "A", out, opts)["scored"] == 1
     with pytest.raises(MedclrError, match="different root"):
@@ -216,13 +223,13 @@ def test_parts_without_fingerprints_still_count_as_done(engine, tmp_path):  # no
     root = tmp_path / "a"
     root.mkdir()
     for i in range(3):
-        Image.fromarray(np.full((40, 48), 60 * i, np.uint8)).save(root / f"{i}.png")
+        Image.fromarray(_grey(60 * i)).save(root / f"{i}.png")
     out = tmp_path / "r.parquet"
     opts = scoring.ScoreOptions(batch_size=2, workers=0, part_files=2, progress=False)
     scoring.score_tree(engine, root, out, opts)
     for p in scoring.parts_dir(out).glob("part-*.parquet"):
         pq.write_table(pq.read_table(p).drop_columns(["size", "mtime_ns", "run"]), p)
-    Image.fromarray(np.full((40, 48), 250, np.uint8)).save(root / "3.png")
+    Image.fromarray(_grey(250)).save(root / "3.png")
     stats = scoring.score_tree(engine, root, out, opts)
     assert (stats["scored"], stats["skipped_done"]) == (1, 3)
     res = pd.read_parquet(out)
@@ -314,7 +321,7 @@ def test_real_dicoms_into_csv_with_their_uids_and_view(engine, tmp_path):  # noq
     names = ["RG1_UNCI.dcm", "RG1_J2KR.dcm", "RG3_UNCR.dcm"]
     for name in names:
         shutil.copy(rg1_path(name), root / name)
-    Image.fromarray(np.zeros((40, 50), np.uint8)).save(root / "photo.png")
+    Image.fromarray(_grey(0, (40, 50))).save(root / "photo.png")
     out = tmp_path / "scores.csv"
     argv = ["score", "--checkpoint", str(engine.checkpoint_dir), "--input", str(root), "--out", str(out),
             "--workers", "0", "--no-progress", "--threads", "1"]
@@ -382,7 +389,7 @@ def test_a_non_finite_embedding_is_an_error_row_never_a_score(engine, tmp_path, 
     root = tmp_path / "in"
     root.mkdir()
     for i in range(4):
-        Image.fromarray(np.full((40, 48), 30 * i + 10, np.uint8)).save(root / f"{i}.png")
+        Image.fromarray(_grey(30 * i + 10)).save(root / f"{i}.png")
     real = engine.image_features
 
     def nan_for_dark_images(batch):
@@ -398,3 +405,110 @@ def test_a_non_finite_embedding_is_an_error_row_never_a_score(engine, tmp_path, 
     assert list(err["path"]) == ["0.png"] and err["error"].iloc[0] == NON_FINITE
     assert sorted(res["path"]) == ["1.png", "2.png", "3.png"] and stats["errors"] == 1 and stats["scored"] == 3
     assert np.isfinite(res["Cardiomegaly"].to_numpy(dtype=float)).all() or res["Cardiomegaly reason"].notna().all()
+
+
+def _score_as_rank(engine, rank: int, port: int, root: Path, out: Path) -> None:  # noqa: F811
+    """One torchrun worker: its environment as torchrun sets it (the store hosted by the agent, here the test)."""
+    import json
+
+    import torch
+
+    from medclr.distributed import cleanup
+    from medclr.jobs import scoring
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
+    try:
+        stats = scoring.score_tree(engine, root, out, scoring.ScoreOptions(batch_size=2, workers=0, part_files=2,
+                                                                           progress=False))
+    finally:
+        cleanup()
+    (out.parent / f"stats{rank}.json").write_text(json.dumps(stats))
+
+
+def test_two_gloo_processes_write_one_table_with_every_file_once(engine, archive, tmp_path):  # noqa: F811
+    """Two processes in a real gloo group, as `torchrun --nproc-per-node 2` (or two nodes of one each) starts
+    them: each scores its shard into its own parts, rank 0 merges once both are in. Every file is in the parts
+    exactly once, the tables partition the archive, and the scores equal one process's."""
+    import json
+    import multiprocessing
+
+    from torch.distributed import TCPStore
+
+    from medclr.jobs import scoring
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # torchrun's agent store, any port
+    out = tmp_path / "two" / "r.parquet"
+    out.parent.mkdir()
+    fork = multiprocessing.get_context("fork")  # the loaded engine goes to both ranks without reloading it
+    ranks = [fork.Process(target=_score_as_rank, args=(engine, r, store.port, archive, out)) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(300)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    stats = [json.loads((out.parent / f"stats{r}.json").read_text()) for r in (0, 1)]
+    expected = scoring.find_images(archive)
+    assert "merged" in stats[0] and "merged" not in stats[1]
+    assert [s["files"] for s in stats] == [len(expected[0::2]), len(expected[1::2])]
+
+    parts = sorted(scoring.parts_dir(out).glob("part-*.parquet"))
+    assert {p.name.split("-")[1] for p in parts} == {"r000", "r001"}
+    in_parts = pd.concat([pd.read_parquet(p, columns=["path"]) for p in parts])["path"]
+    assert in_parts.is_unique and sorted(in_parts) == expected  # every file exactly once
+    res, err = pd.read_parquet(out), pd.read_parquet(scoring.errors_path(out))
+    assert sorted([*res["path"], *err["path"]]) == expected and list(err["path"]) == ["dicom/broken.dcm"]
+
+    one = tmp_path / "one" / "r.parquet"
+    scoring.score_tree(engine, archive, one, scoring.ScoreOptions(batch_size=2, workers=0, progress=False))
+    single = pd.read_parquet(one).set_index("path")
+    both = res.set_index("path").loc[single.index]
+    np.testing.assert_allclose(both[CLASSES].to_numpy(float), single[CLASSES].to_numpy(float), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------- start-up
+def test_checkpoint_built_without_random_init_equals_one_built_with_it(app_assets, monkeypatch):  # noqa: F811
+    """load_checkpoint skips the random initialisation that model.safetensors overwrites (issue 34): every
+    parameter and buffer, the non-persistent ones (input normalisation, BERT's position ids) included, is
+    what the initialised build gives."""
+    import contextlib
+
+    import torch
+
+    from medclr.models import dual
+
+    fast = dual.DualEncoder.from_pretrained(app_assets["checkpoint"])
+    monkeypatch.setattr(dual, "_no_random_init", contextlib.nullcontext)
+    slow = dual.DualEncoder.from_pretrained(app_assets["checkpoint"])
+
+    def tensors(model):
+        return {**dict(model.named_parameters(remove_duplicate=False)),
+                **dict(model.named_buffers(remove_duplicate=False))}
+
+    a, b = tensors(fast), tensors(slow)
+    assert a.keys() == b.keys() and any(k.endswith(".mean") for k in a)  # non-persistent buffers are compared too
+    for name in a:
+        assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
+
+
+def test_first_non_finite_finds_what_an_element_wise_check_finds():
+    """The sum screen (a finite sum proves finite elements) against the element-wise check, with sums that
+    overflow although every element is finite, and infinities that meet in a NaN."""
+    import torch
+
+    from medclr.inference.load import first_non_finite
+
+    big = torch.full((4,), 3e38)  # finite elements, an infinite float32 sum
+    cases = {"ok": torch.randn(50), "overflow": big, "ints": torch.arange(5), "half": torch.full((8,), 6e4).half()}
+    for name, bad in {"nan": float("nan"), "inf": float("inf"), "ninf": float("-inf")}.items():
+        t = torch.randn(50)
+        t[17] = bad
+        cases[name] = t
+    pair = torch.randn(50)
+    pair[3], pair[9] = float("inf"), float("-inf")
+    cases["pair"] = pair
+    for name, t in cases.items():
+        brute = name if t.is_floating_point() and not bool(torch.isfinite(t).all()) else None
+        assert first_non_finite({name: t}) == brute, name
+    assert first_non_finite(cases) == "nan" and first_non_finite({k: cases[k] for k in ("ok", "overflow")}) is None

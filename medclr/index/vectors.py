@@ -16,6 +16,7 @@ written from the CPU copy.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -36,12 +37,57 @@ IVF_NPROBE = 16
 SMALL_BATCH = 16
 
 
+# The distributions that install the `faiss` package medclr imports: the cpu and gpu extras'. Both
+# write the same files, so with both installed the one installed last is the one that loads.
+FAISS_DISTRIBUTIONS = ("faiss-cpu", "faiss-gpu")
+
+
 def _faiss():
     # faiss's loader logs its SIMD probing at INFO ("Could not load library with AVX2 ..."): not news
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    try:
+        import faiss
+    except ImportError as exc:
+        raise MedclrError(f"faiss cannot be imported ({exc}): pip install 'medclr[cpu]', or 'medclr[gpu]' on a "
+                          "CUDA machine (the two provide the same `faiss` package: install one)") from None
+    _say_which_faiss()
+    return faiss
+
+
+@functools.cache
+def _say_which_faiss() -> None:
+    """One log line per process: which faiss build loaded (``faiss_build_note``)."""
     import faiss
 
-    return faiss
+    level, line = faiss_build_note(faiss, installed_distributions(FAISS_DISTRIBUTIONS))
+    log.log(level, "%s", line)
+
+
+def installed_distributions(names) -> list[str]:
+    """``name==version`` of each of ``names`` that is installed (one metadata look-up each)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def faiss_build_note(faiss, distributions: list[str]) -> tuple[int, str]:
+    """(log level, the one line) saying which faiss build loaded: GPU or CPU, from the module itself, and from
+    which of ``distributions`` (a warning when more than one is installed: they shadow each other)."""
+    gpu = hasattr(faiss, "StandardGpuResources")
+    build = f"faiss {getattr(faiss, '__version__', '?')}, {'GPU' if gpu else 'CPU'} build"
+    if len(distributions) > 1:
+        keep = "faiss-gpu" if gpu else "faiss-cpu"
+        others = " ".join(d.split("==")[0] for d in distributions if not d.startswith(keep + "=="))
+        return logging.WARNING, (f"{build} loaded, but {' and '.join(distributions)} are all installed and write the "
+                                 f"same `faiss` package (the one installed last wins): keep one, e.g. `pip uninstall "
+                                 f"{others}` then `pip install --force-reinstall --no-deps {keep}`")
+    return logging.INFO, f"{build} loaded" + (f" (from {distributions[0]})" if distributions else "")
 
 
 def choose_kind(n: int, kind: str = "auto", exact_max: int = EXACT_MAX) -> str:

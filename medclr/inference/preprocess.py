@@ -24,7 +24,7 @@ import torch
 
 from medclr.errors import MedclrError
 from medclr.geometry import CropGeometry, centre_crop, resize_shorter_side, resized_shape
-from medclr.io import MAX_PIXELS, DecodedImage, read_image_reduced
+from medclr.io import MAX_PIXELS, DecodedImage, JpegBytes, StoredImage, read_image_for_device, read_image_reduced
 from medclr.io.limits import image_problem
 
 DEFAULT_IMAGE_SIZE = 224
@@ -70,11 +70,16 @@ def preprocess_decoded(image: DecodedImage, pre: Preprocess) -> tuple[torch.Tens
         raise MedclrError(f"image: {problem}; nothing was scored")
     r, c = pre.resize_to, int(pre.image_size)
     if image.scale == 1:
-        resized = resize_shorter_side(torch.from_numpy(np.ascontiguousarray(image.pixels))[None], r)
+        tensor = resize_crop(torch.from_numpy(np.ascontiguousarray(image.pixels))[None], pre)
     else:
         resized = torch.from_numpy(image.resample(*resized_shape(image.height, image.width, r)))[None]
-    return (centre_crop(resized, c).clamp_(0.0, 1.0).contiguous(),
-            CropGeometry.from_resize_crop((image.height, image.width), r, c))
+        tensor = centre_crop(resized, c).clamp_(0.0, 1.0).contiguous()
+    return tensor, CropGeometry.from_resize_crop((image.height, image.width), r, c)
+
+
+def resize_crop(image: torch.Tensor, pre: Preprocess) -> torch.Tensor:
+    """1 x H x W float in [0, 1] (on any device) -> the 1 x C x C model input: shorter side to R, centre crop."""
+    return centre_crop(resize_shorter_side(image, pre.resize_to), int(pre.image_size)).clamp_(0.0, 1.0).contiguous()
 
 
 class ImageFiles(torch.utils.data.Dataset):
@@ -87,31 +92,53 @@ class ImageFiles(torch.utils.data.Dataset):
     :func:`model_input` turns a batch back into float."""
 
     def __init__(self, paths: Sequence[str | os.PathLike], pre: Preprocess, max_pixels: int = MAX_PIXELS,
-                 reduced: bool = False, uint8: bool = False) -> None:
+                 reduced: bool = False, uint8: bool = False, device_formats: frozenset[str] = frozenset()) -> None:
         self.paths, self.pre, self.max_pixels = [str(p) for p in paths], pre, max_pixels
         self.reduced, self.uint8 = reduced, uint8
+        # kinds of file whose decode the model's device finishes (``medclr.inference.device_decode``): such an
+        # item carries them undecoded under "raw" (its "tensor" a placeholder)
+        self.device_formats = frozenset(device_formats)
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def _decode(self, path: str) -> tuple[DecodedImage, str]:
+    def _decode(self, path: str) -> tuple[DecodedImage | StoredImage | JpegBytes, str]:
         # a DICOM header that says "maybe not a chest radiograph" (OT, another body part) travels with the scores,
         # and so do its archive fields (view, UIDs); min_side None decodes every pixel
-        return read_image_reduced(path, self.pre.resize_to if self.reduced else None, max_pixels=self.max_pixels)
+        min_side = self.pre.resize_to if self.reduced else None
+        if self.device_formats:
+            return read_image_for_device(path, min_side, self.max_pixels, self.device_formats)
+        return read_image_reduced(path, min_side, max_pixels=self.max_pixels)
+
+    def _placeholder(self) -> torch.Tensor:
+        c = int(self.pre.image_size)
+        return torch.zeros(1, c, c, dtype=torch.uint8 if self.uint8 else torch.float32)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        c = int(self.pre.image_size)
         try:
             image, caution = self._decode(self.paths[i])
+            item = {"i": i, "ok": True, "error": "", "height": image.height, "width": image.width,
+                    "caution": caution, "fields": image.fields, "raw": None}
+            if not isinstance(image, DecodedImage):
+                return {**item, "tensor": self._placeholder(), "raw": raw_item(image, self.paths[i])}
             tensor, geo = preprocess_decoded(image, self.pre)
             if self.uint8 and image.bits <= 8:
                 tensor = tensor.mul_(255.0).round_().to(torch.uint8)
-            return {"i": i, "tensor": tensor, "ok": True, "error": "", "height": geo.height, "width": geo.width,
-                    "caution": caution, "fields": image.fields}
+            return {**item, "tensor": tensor, "height": geo.height, "width": geo.width}
         except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded error row
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return {"i": i, "tensor": torch.zeros(1, c, c, dtype=torch.uint8 if self.uint8 else torch.float32),
-                    "ok": False, "error": msg, "height": 0, "width": 0, "caution": "", "fields": {}}
+            return {"i": i, "tensor": self._placeholder(), "ok": False, "error": msg, "height": 0, "width": 0,
+                    "caution": "", "fields": {}, "raw": None}
+
+
+def raw_item(image: StoredImage | JpegBytes, path: str) -> dict[str, Any]:
+    """What the device needs to finish a file (``medclr.inference.device_decode``), as tensors the loader pins."""
+    if isinstance(image, JpegBytes):
+        return {"kind": "jpeg", "data": torch.from_numpy(image.data), "path": path}
+    # torch has no uint16 arithmetic on every device: the codes cross as int16 and are unwrapped there
+    codes = image.codes.view(np.int16) if image.codes.dtype == np.uint16 else image.codes
+    return {"kind": "dicom", "codes": torch.from_numpy(np.ascontiguousarray(codes)),
+            "table": torch.from_numpy(image.table), "path": path}
 
 
 def collate_images(batch: list[dict[str, Any]]) -> dict[str, Any]:
@@ -128,6 +155,7 @@ def collate_images(batch: list[dict[str, Any]]) -> dict[str, Any]:
         "width": [b["width"] for b in batch],
         "caution": [b["caution"] for b in batch],
         "fields": [b["fields"] for b in batch],
+        "raw": [b.get("raw") for b in batch],  # what the device finishes (``medclr.inference.device_decode``)
     }
 
 
@@ -145,12 +173,14 @@ def worker_init(_worker_id: int) -> None:
 
 def image_loader(paths: Sequence[str | os.PathLike], pre: Preprocess, batch_size: int = 16, num_workers: int = 0,
                  max_pixels: int = MAX_PIXELS, prefetch_factor: int = 4, reduced: bool = False, uint8: bool = False,
-                 pin_memory: bool = False) -> torch.utils.data.DataLoader:
+                 pin_memory: bool = False, device_formats: frozenset[str] = frozenset()) -> torch.utils.data.DataLoader:
     """An ordered DataLoader over :class:`ImageFiles` (workers decode while the model runs); ``pin_memory``
-    for a CUDA model (batches then cross without a staging copy, and asynchronously)."""
+    for a CUDA model (batches then cross without a staging copy, and asynchronously); ``device_formats``: the
+    kinds of file left for the model's device to finish (``medclr.inference.device_decode.model_inputs``)."""
     kw: dict[str, Any] = {}
     if num_workers > 0:
         kw = {"worker_init_fn": worker_init, "prefetch_factor": prefetch_factor, "persistent_workers": False}
-    return torch.utils.data.DataLoader(ImageFiles(paths, pre, max_pixels, reduced, uint8), batch_size=batch_size,
+    data = ImageFiles(paths, pre, max_pixels, reduced, uint8, device_formats)
+    return torch.utils.data.DataLoader(data, batch_size=batch_size,
                                        shuffle=False, num_workers=num_workers, collate_fn=collate_images,
                                        pin_memory=pin_memory, **kw)

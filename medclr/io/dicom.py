@@ -25,6 +25,7 @@ from pydicom.pixels import apply_modality_lut, apply_voi_lut, get_decoder, pixel
 
 from medclr.errors import ImageReadError
 from medclr.io import jpeg12
+from medclr.io.device import StoredImage
 from medclr.io.limits import MAX_PIXELS, check_size
 from medclr.io.raster import luminance
 from medclr.io.reduced import DecodedImage, draft_jpeg, j2k_origin, j2k_reduced
@@ -298,6 +299,26 @@ def read_dicom_reduced(path: str | Path, min_side: int | None,
     the same checks, caution and display pipeline, applied to the reduced stored values."""
     path = Path(path)
     ds, note = _checked(path, max_pixels)
+    return _reduced(path, ds, min_side), note
+
+
+def read_dicom_stored(path: str | Path, min_side: int | None,
+                      max_pixels: int = MAX_PIXELS) -> tuple[StoredImage | DecodedImage, str]:
+    """:func:`read_dicom_reduced`, except that an uncompressed greyscale image of 8- or 16-bit integers comes
+    back as its stored values and display table (:class:`~medclr.io.device.StoredImage`) for the model's device
+    to finish; one read of the file either way."""
+    path = Path(path)
+    ds, note = _checked(path, max_pixels)
+    tsyntax = uid.UID(str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "") or ""))
+    if (tsyntax.is_transfer_syntax and not tsyntax.is_encapsulated and "PixelData" in ds
+            and int(ds.get("SamplesPerPixel", 1) or 1) == 1 and int(ds.get("BitsAllocated", 0) or 0) in (8, 16)):
+        codes, table = display_table(decode_pixels(path, ds), ds)
+        return StoredImage(codes, table, int(ds.get("BitsStored", 16) or 16), archive_fields(ds)), note
+    return _reduced(path, ds, min_side), note
+
+
+def _reduced(path: Path, ds: pydicom.Dataset, min_side: int | None) -> DecodedImage:
+    """The image of a checked dataset, decoded at a reduced size where the transfer syntax allows."""
     bits = int(ds.get("BitsStored", 16) or 16)
     try:
         reduced = _decode_reduced(path, ds, min_side)
@@ -305,9 +326,9 @@ def read_dicom_reduced(path: str | Path, min_side: int | None,
         reduced = None
     fields = archive_fields(ds)
     if reduced is None:
-        return dataclasses.replace(DecodedImage.full(display(decode_pixels(path, ds), ds), bits), fields=fields), note
+        return dataclasses.replace(DecodedImage.full(display(decode_pixels(path, ds), ds), bits), fields=fields)
     arr, scale, origin = reduced
-    return DecodedImage(display(arr, ds), int(ds.Rows), int(ds.Columns), scale, origin, bits, fields), note
+    return DecodedImage(display(arr, ds), int(ds.Rows), int(ds.Columns), scale, origin, bits, fields)
 
 
 def _decode_reduced(path: Path, ds: pydicom.Dataset, min_side: int | None) -> tuple[np.ndarray, int, float] | None:
@@ -349,13 +370,21 @@ def display(arr: np.ndarray, ds: pydicom.Dataset) -> np.ndarray:
         return luminance(rgb / max(float(rgb.max()), 1.0)).astype(np.float32)
     if arr.dtype.kind not in "ui" or arr.dtype.itemsize > 2:
         return _display_values(arr, ds, None)
+    codes, table = display_table(arr, ds)
+    return np.take(table, codes, mode="clip")
+
+
+def display_table(arr: np.ndarray, ds: pydicom.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, table) of an 8- or 16-bit integer greyscale image: its values' bits as unsigned integers and the
+    float32 display value (:func:`display`) of every possible code, so that ``table[codes]`` is the image.
+    The min-max range of an image without a VOI is its own, so the table belongs to this image."""
     codes = arr.view(f"u{arr.dtype.itemsize}")
     domain = np.arange(1 << (8 * arr.dtype.itemsize), dtype=codes.dtype).view(arr.dtype)
     if ds.get("ModalityLUTSequence"):  # not monotonic: the values the image holds
         present = np.bincount(codes.ravel(), minlength=domain.size).astype(bool)
     else:  # rescale or none: monotonic, so the image's extremes map to the table's extremes
         present = np.isin(domain, [arr.min(), arr.max()])
-    return np.take(_display_values(domain, ds, present), codes, mode="clip")
+    return codes, _display_values(domain, ds, present)
 
 
 def _modality(arr: np.ndarray, ds: pydicom.Dataset) -> np.ndarray:
