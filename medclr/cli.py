@@ -14,6 +14,7 @@ import argparse
 import ast
 import errno
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -143,14 +144,53 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"medclr {args.command}: interrupted", file=sys.stderr)
         return 130
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+    except Exception as exc:
+        refused = refused_write(exc)
+        if refused is None:
             raise
         # every writer replaces its file atomically, so what was there before is intact; say where and stop
-        where = exc.filename or "the output"
-        print(f"medclr {args.command}: error: no space left on the disk while writing {where}; earlier files are "
-              "intact: free some space and rerun the same command (it resumes)", file=sys.stderr)
+        why, where = refused
+        where = where or getattr(args, "out", None) or "the output"
+        print(f"medclr {args.command}: error: {why} while writing {where}; earlier files are intact: free some "
+              "space (or raise the limit) and rerun the same command (it resumes)", file=sys.stderr)
         return 1
+
+
+# Writes the disk refuses: no space, no quota left, a file over the size limit (ulimit -f, RLIMIT_FSIZE).
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_REFUSED = {errno.ENOSPC: "no space left on the disk", errno.EDQUOT: "the disk quota is used up",
+            errno.EFBIG: "a file grew past the file size limit (ulimit -f)",
+            None: "the disk took only part of a write (full, over quota or over a file size limit)"}
+# Libraries that raise no OSError keep the reason in their words: safetensors "(os error 28)", faiss "(No space
+# left on device)"; torch.save to a path and numpy's tofile only say that a write came up short.
+_FULL_WORDS = re.compile("|".join([*(re.escape(os.strerror(e)) for e in _FULL_ERRNOS),
+                                   *(rf"os error {e}\b" for e in _FULL_ERRNOS),
+                                   r"\d+ requested and \d+ written", r"unexpected pos \d+ vs \d+",
+                                   r"PytorchStreamWriter failed writing"]))
+
+
+def _chain(exc: BaseException | None):
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def refused_write(exc: BaseException) -> tuple[str, str | None] | None:
+    """(why, the file it names) when ``exc`` or an exception in its chain (cause, context) says that the disk
+    refused a write, else None: the errno where a library kept it, else the library's words."""
+    chain = list(_chain(exc))
+    for e in chain:
+        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+            return _REFUSED[e.errno], e.filename
+    for e in chain:
+        text = str(e)
+        if _FULL_WORDS.search(text):
+            code = next((c for c in _FULL_ERRNOS if os.strerror(c) in text or re.search(rf"os error {c}\b", text)),
+                        None)
+            return _REFUSED[code], None
+    return None
 
 
 if __name__ == "__main__":

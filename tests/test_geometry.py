@@ -94,7 +94,7 @@ def test_the_issue_example_crops_from_row_333_everywhere():
     assert (geo.resize_h, geo.resize_w, geo.crop_top, geo.crop_left) == (615, 512, 67, 16)
     assert geo.crop_to_original(0.0, 0.0)[0] == pytest.approx(332.94, abs=0.01)
     assert geo.box() == (333, 79, 2718, 2464)
-    _, infer_geo = preprocess_image(np.zeros((3056, 2544), np.float32), Preprocess(480, 512))
+    _, infer_geo = preprocess_image(_box_image(3056, 2544, (0, 0, 8, 8)), Preprocess(480, 512))
     app_map = infer_geo.to_original(np.zeros((15, 15)))  # what the app paints (medclr.inference)
     assert np.flatnonzero(np.isfinite(app_map).any(axis=1))[0] == 333
     # the app's display copy: the same crop, scaled

@@ -254,24 +254,29 @@ def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, 
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    torch.save(rng_state(), tmp / f"rng_rank{env.rank}.pt")
-    barrier()
-    if env.is_main:
-        model.save_pretrained(tmp)
-        save_loss_state(loss, tmp / "loss_state.safetensors",
-                        {"loss": trainer_state.get("loss", ""), "num_samples": trainer_state.get("n_train", "")},
-                        sample_index, texts)
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "optimizer.pt")
-        write_metadata(tmp, checkpoint_meta(trainer_state, loss, weights_sha256(tmp)))
-        (tmp / "train_config.yaml").write_text(config_yaml)
-        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True, default=str))
-        _fsync_tree(tmp)
-        if final.exists():  # a re-run of the same step (resume from an earlier checkpoint)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _prune(out, keep_last)
-        _publish(final, out)
+    try:
+        torch.save(rng_state(), tmp / f"rng_rank{env.rank}.pt")
+        barrier()
+        if env.is_main:
+            model.save_pretrained(tmp)
+            save_loss_state(loss, tmp / "loss_state.safetensors",
+                            {"loss": trainer_state.get("loss", ""), "num_samples": trainer_state.get("n_train", "")},
+                            sample_index, texts)
+            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                        "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "optimizer.pt")
+            write_metadata(tmp, checkpoint_meta(trainer_state, loss, weights_sha256(tmp)))
+            (tmp / "train_config.yaml").write_text(config_yaml)
+            (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True, default=str))
+            _fsync_tree(tmp)
+            if final.exists():  # a re-run of the same step (resume from an earlier checkpoint)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _prune(out, keep_last)
+            _publish(final, out)
+    except BaseException:
+        if env.is_main:  # a save that failed (a full disk) leaves no half-written step behind
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     barrier()
     return final
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -190,12 +190,21 @@ def load_resized(image, resize: int, cache_dtype: str = "float32") -> torch.Tens
     shorter side resized to ``resize`` (``medclr.geometry.resize_shorter_side``, the rule inference and
     evaluation use), 1 x H' x W' in ``cache_dtype``."""
     from medclr.io import read_image
+    from medclr.io.limits import blank_problem
 
     img = np.asarray(image, dtype=np.float32) if isinstance(image, np.ndarray) else read_image(image)
+    if not isinstance(image, np.ndarray) and (blank := blank_problem(img)):
+        _warn_blank(str(image), blank)
     x = resize_shorter_side(torch.from_numpy(np.ascontiguousarray(img))[None], resize).clamp_(0.0, 1.0)
     if cache_dtype == "uint8":
         return (x * 255.0).round_().to(torch.uint8)
     return x.to(_DTYPES[cache_dtype])
+
+
+@cache
+def _warn_blank(path: str, problem: str) -> None:
+    """Once per image and process: data.cache none reads every image at every epoch."""
+    log.warning("training image %s: %s; it trains as it is (medclr score and eval refuse it)", path, problem)
 
 
 def _load_resize_transform(resize: int, cache_dtype: str):

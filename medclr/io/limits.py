@@ -31,10 +31,10 @@ MAX_ASPECT = 4.0
 
 def image_problem(arr: np.ndarray, shape: tuple[int, int] | None = None) -> str | None:
     """Why a decoded H x W image cannot be a radiograph (one line, no file name), or None: a side under
-    MIN_SIDE, a side MAX_ASPECT times the other or more, NaN or infinite pixels. ``shape``: the original
-    (H, W) when ``arr`` was decoded at a reduced size (``medclr.io.reduced``). Every path that reads images
-    checks it: the app, ``medclr inspect``, ``medclr score`` and evaluation (through
-    ``medclr.inference.preprocess_image``)."""
+    MIN_SIDE, a side MAX_ASPECT times the other or more, NaN or infinite pixels, one value in every pixel
+    (:func:`blank_problem`). ``shape``: the original (H, W) when ``arr`` was decoded at a reduced size
+    (``medclr.io.reduced``). Every path that reads images checks it: the app, ``medclr inspect``, ``medclr
+    score``, ``medclr index build`` and evaluation (through ``medclr.inference.preprocess_image``)."""
     height, width = arr.shape if shape is None else shape
     if min(height, width) < MIN_SIDE:
         return (f"{width}x{height} pixels is not a radiograph (each side must be at least "
@@ -44,4 +44,20 @@ def image_problem(arr: np.ndarray, shape: tuple[int, int] | None = None) -> str 
                 f"{max(height, width) / min(height, width):.1f} times the other; at most {MAX_ASPECT:g} is read)")
     if not np.isfinite(arr).all():
         return "it holds NaN or infinite pixel values (a float image without a valid range?)"
-    return None
+    return blank_problem(arr)
+
+
+def blank_problem(arr: np.ndarray) -> str | None:
+    """Why an image is blank (one line), or None: one value fills every pixel (all black, all white, one grey:
+    an empty export, a failed acquisition, a placeholder). A model scores such an image with
+    confident-looking numbers that mean nothing; training (which cannot refuse one) logs it instead.
+
+    A grid of about 64 x 64 pixels is compared first: any real image differs there, so only the blank ones
+    pay for the comparison of every pixel."""
+    if arr.size == 0:
+        return None
+    first = arr.flat[0]
+    step_rows, step_cols = max(1, arr.shape[0] // 64), max(1, arr.shape[-1] // 64)
+    if (arr[::step_rows, ::step_cols] != first).any() or (arr != first).any():
+        return None
+    return f"every pixel has the value {float(first):.3g} (a blank image: nothing to read)"
