@@ -303,7 +303,8 @@ engine.weights_sha256; lap("weights sha256")
 engine.prompt_embeddings(); lap("prompt embeddings")
 from pathlib import Path
 from medclr.jobs.scoring import find_images, fingerprint
-[fingerprint(Path(sys.argv[2]) / f) for f in find_images(Path(sys.argv[2]))]; lap("file walk + stat")
+found = find_images(Path(sys.argv[2]))  # (paths, others) since the summary counts what it passes over
+[fingerprint(Path(sys.argv[2]) / f) for f in (found[0] if isinstance(found, tuple) else found)]; lap("file walk + stat")
 print(json.dumps(out))
 """
 

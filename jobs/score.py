@@ -124,8 +124,10 @@ def run(args: argparse.Namespace) -> int:
     if rank == 0:
         merged = stats.get("merged", {})
         changed = f", {stats['changed']} changed since scored" if stats.get("changed") else ""
+        n_other = stats.get("not_images", 0)
+        others = f"; {n_other} other {'file' if n_other == 1 else 'files'} passed over, not radiographs" if n_other else ""
         print(f"scored {stats['scored']} files ({stats['errors']} unreadable, {stats['skipped_done']} already done"
-              f"{changed}) "
+              f"{changed}{others}) "
               f"in {stats['seconds']:.1f} s ({stats['scored'] / max(stats['seconds'], 1e-9):.1f} images/s); "
               f"{args.out}: {merged.get('rows', 0)} rows, "
               f"{merged.get('errors', 0)} in the errors table")

@@ -50,10 +50,10 @@ log = logging.getLogger("medclr.score")
 RUN_NAME = "run.json"
 
 
-def find_images(root: Path, skip: Path | None = None) -> list[str]:
-    """Sorted posix paths (relative to ``root``) of DICOM/PNG/JPEG files; extensionless files count
-    when they carry the DICOM magic. Hidden files and folders are skipped."""
-    out = []
+def find_images(root: Path, skip: Path | None = None) -> tuple[list[str], int]:
+    """(sorted posix paths, relative to ``root``, of DICOM/PNG/JPEG files; how many other files were passed over).
+    Extensionless files count when they carry the DICOM magic. Hidden files and folders are skipped, uncounted."""
+    out, others = [], 0
     skip = skip.resolve() if skip is not None else None
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -64,7 +64,9 @@ def find_images(root: Path, skip: Path | None = None) -> list[str]:
             suffix = Path(name).suffix.lower()
             if suffix in IMAGE_SUFFIXES or (suffix == "" and is_dicom(here / name)):
                 out.append((here / name).relative_to(root).as_posix())
-    return sorted(out)
+            else:
+                others += 1
+    return sorted(out), others
 
 
 def parts_dir(out: Path) -> Path:
@@ -206,7 +208,8 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     else:
         _barrier(group)
 
-    files = ([single] if single else find_images(root, skip=parts))[rank::world]
+    found, not_images = ([single], 0) if single else find_images(root, skip=parts)
+    files = found[rank::world]
     # stat'ed before reading: a file changed while it is read keeps its old fingerprint and is rescored
     prints = {f: fingerprint(root / f) for f in files}
     latest = scored(parts)
@@ -219,7 +222,7 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     log.info("score: rank %d/%d: %d files, %d already done, %d to score (%d changed since scored)", rank, world,
              len(files), len(files) - len(todo), len(todo), changed)
     stats = {"files": len(files), "skipped_done": len(files) - len(todo), "changed": changed, "scored": 0,
-             "errors": 0, "parts": 0, "seconds": 0.0}
+             "errors": 0, "parts": 0, "seconds": 0.0, "not_images": not_images}
     start = time.perf_counter()
     if todo:
         stats.update(_score_files(engine, root, todo, prints, this_run, parts, rank, seq, classes, opts))

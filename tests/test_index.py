@@ -188,3 +188,10 @@ def test_damaged_index_files_are_refused_at_open(engine, app_assets, tmp_path, c
         fh.truncate(100)
     with pytest.raises(MedclrError, match=r"images\.parquet is of another size"):
         load_index(good, engine, verify=False)
+    # an index written before the manifest recorded its files cannot be verified: said, never passed silently
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    (old / "index_manifest.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "files"}))
+    capsys.readouterr()
+    assert medclr_main(["index", "info", str(old), "--verify"]) == 1
+    assert "records no checksums" in capsys.readouterr().err

@@ -340,6 +340,10 @@ def test_score_cli_caches_and_joins(tiny, tmp_path, capsys):
     table2, meta2 = read_eta_table(out)
     assert len(table2) == 6 and meta2["a"] == 0.1 and meta2["eta_params"]["source"] == "given"
     np.testing.assert_allclose(table2["eta"], np.minimum(0.1 * np.exp(0.5 * table2["pll"]), 0.5))
+    # --rescore: every sentence scored again, none taken from the table
+    assert main(args + ["--rescore"]) == 0
+    third = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert third["scored"] == 6 and third["cached"] == 0
     # the report: PLL against sentence frequency
     assert main(["lm", "report", "--eta", str(out), "--out", str(tmp_path / "rep")]) == 0
     rep = json.loads((tmp_path / "rep" / "lm_report.json").read_text())

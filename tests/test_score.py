@@ -54,7 +54,8 @@ def _cmd(ckpt, root, out, *extra):
 def test_find_images(archive):
     from medclr.jobs.scoring import find_images
 
-    files = find_images(archive)
+    files, others = find_images(archive)
+    assert others == 1  # notes.txt; hidden files are not counted
     assert len(files) == N_PNG + 3 and "dicom/NOEXTENSION" in files
     assert "notes.txt" not in files and ".hidden.png" not in files and files == sorted(files)
 
@@ -83,9 +84,10 @@ def test_sigkill_mid_run_then_resume_scores_every_file_once(archive, app_assets,
 
     capsys.readouterr()
     assert main(_cmd(app_assets["checkpoint"], archive, out, "--embeddings")[3:]) == 0  # resume, in process
-    assert f"{done_before} already done" in capsys.readouterr().out
+    summary = capsys.readouterr().out
+    assert f"{done_before} already done" in summary and "1 other file passed over, not radiographs" in summary
     results, errors = pd.read_parquet(out), pd.read_parquet(tmp_path / "results.errors.parquet")
-    expected = find_images(archive)
+    expected, _ = find_images(archive)
     # exactly once: parts hold each file once, the merged tables partition the files
     in_parts = pd.concat([pd.read_parquet(p, columns=["path"]) for p in parts.glob("part-*.parquet")])["path"]
     assert in_parts.is_unique and sorted(in_parts) == expected
@@ -106,7 +108,8 @@ def test_sigkill_mid_run_then_resume_scores_every_file_once(archive, app_assets,
 
     # a third run has nothing to do; another model is refused on the same output
     assert main(_cmd(app_assets["checkpoint"], archive, out, "--embeddings")[3:]) == 0
-    assert f"scored 0 files (0 unreadable, {N_PNG + 3} already done)" in capsys.readouterr().out
+    summary = f"scored 0 files (0 unreadable, {N_PNG + 3} already done; 1 other file passed over, not radiographs)"
+    assert summary in capsys.readouterr().out
     assert main(_cmd(app_assets["other_checkpoint"], archive, out)[3:]) == 1
     assert "different weights_sha256" in capsys.readouterr().err
 
@@ -449,7 +452,7 @@ def test_two_gloo_processes_write_one_table_with_every_file_once(engine, archive
         p.join(300)
     assert [p.exitcode for p in ranks] == [0, 0]
     stats = [json.loads((out.parent / f"stats{r}.json").read_text()) for r in (0, 1)]
-    expected = scoring.find_images(archive)
+    expected, _ = scoring.find_images(archive)
     assert "merged" in stats[0] and "merged" not in stats[1]
     assert [s["files"] for s in stats] == [len(expected[0::2]), len(expected[1::2])]
 

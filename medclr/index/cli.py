@@ -95,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         if args.verify:
             from medclr.index.store import check_files
 
+            if not meta.get("files"):
+                raise MedclrError(f"index {args.index!r} records no checksums (built before medclr recorded them), so it "
+                                  "cannot be verified; rebuild it with `medclr index build`")
             check_files(Path(args.index), meta, hashes=True)
         print(json.dumps(meta, indent=2, sort_keys=True))
         if args.verify:

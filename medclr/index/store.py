@@ -232,8 +232,11 @@ def load_index(directory: str | os.PathLike, engine=None, use_gpu: bool | str = 
 
 
 def check_files(d: Path, meta: dict[str, Any], hashes: bool = True) -> None:
-    """The data folder's files against the sizes and SHA-256 the manifest recorded when they were written
-    (an index built before medclr recorded them passes unchecked)."""
+    """The data folder's files against the sizes and SHA-256 the manifest recorded when they were written. An index
+    built before medclr recorded them cannot be checked: said once in the log (``index info --verify`` refuses)."""
+    if not meta.get("files"):
+        log.warning("index %s records no sizes or checksums (built before medclr recorded them): damage to its files "
+                    "cannot be detected; rebuild it with `medclr index build` to have them checked", d)
     for name, rec in (meta.get("files") or {}).items():
         path = d / meta["data"] / name
         size = path.stat().st_size if path.is_file() else None

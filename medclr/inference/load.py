@@ -6,6 +6,7 @@ directory holds and records) so that the arrows run one way: metadata <- checkpo
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from medclr.inference.engine import Inference
 from medclr.inference.metadata import read_metadata
 from medclr.inference.preprocess import Preprocess
 from medclr.models.dual import DualEncoder
+
+log = logging.getLogger(__name__)
 
 # Set to 1 to load weights whose SHA-256 differs from the one training recorded (weights edited on purpose).
 TRUST_WEIGHTS_ENV = "MEDCLR_TRUST_WEIGHTS"
@@ -54,6 +57,9 @@ def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "
             and (sha := weights_sha256(src)) != meta.weights_sha256):
         raise MedclrError(f"{src / WEIGHTS_NAME}: its SHA-256 is not the one training recorded in checkpoint_meta.json, "
                           f"so the file is damaged or was changed (weights edited on purpose: set {TRUST_WEIGHTS_ENV}=1)")
+    if verify and not meta.weights_sha256:
+        log.warning("checkpoint %s records no SHA-256 of its weights (saved before medclr recorded one): only damage that "
+                    "makes a weight NaN or infinite can be detected", src)
     model = DualEncoder.from_pretrained(src, map_location=device)
     bad = first_non_finite(model.state_dict())
     if bad is not None:

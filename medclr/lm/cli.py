@@ -256,7 +256,8 @@ def run_score(args: argparse.Namespace) -> int:
                                        "study_sampling": args.study_sampling, "study_balance": args.study_balance},
                              eta_max=args.eta_max, word_l2r=args.pll == "word-l2r", long=args.long,
                              batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
-                             max_pieces=args.max_pieces, save_every_s=args.save_every, progress=_progress(args))
+                             max_pieces=args.max_pieces, save_every_s=args.save_every, progress=_progress(args),
+                             rescore=args.rescore)
     print(json.dumps(summary))
     return 0
 

@@ -99,8 +99,10 @@ def _plot(t: pd.DataFrame, path: Path, result: dict, label_top: int, meta: dict)
     ax.set_title(f"PLL by sentence frequency; Spearman(PLL, log count) {result['spearman_pll_logcount']:.2f}")
     lines = [f"{r['count']}x  PLL {r['pll']:.2f}  rank {r['rank']}/{len(t):,}  {r['sentence'][:38]}"
              for r in result["most_frequent"][:label_top]]
-    a, k = float(meta.get("a", 0.2)), float(meta.get("k", 0.35))
-    if meta.get("norm", "sum") == "sum":  # eta of the same PLL on the right axis
+    a, k = meta.get("a"), meta.get("k")
+    # eta of the same PLL on the right axis, where eta is a * p^k of it (not so for a meaning-calibrated table)
+    if a is not None and k is not None and meta.get("norm", "sum") == "sum":
+        a, k = float(a), float(k)
         right = ax.twinx()
         right.set_ylim(ax.get_ylim())
         ticks = [v for v in (-100, -50, -20, -10, -5, 0) if ax.get_ylim()[0] <= v <= ax.get_ylim()[1]]
