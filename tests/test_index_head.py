@@ -221,7 +221,9 @@ def test_older_index_without_cells_falls_back_with_a_warning(lse, assets, tmp_pa
     with caplog.at_level(logging.WARNING, logger="medclr.index.store"):
         idx = load_index(old, engine)
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(lines) == 1 and "rebuild it with `medclr index build`" in lines[0] and "global cosine" in lines[0]
+    # two things an older index lacks, each said once: the cells (text search by global cosine), the checksums
+    assert len(lines) == 2 and all("rebuild it with `medclr index build`" in line for line in lines)
+    assert any("global cosine" in line for line in lines) and any("records no sizes or checksums" in line for line in lines)
     assert not idx.reranks
     q = engine.embed_texts(QUERIES)
     assert idx.search_images_by_text(q, 5) == idx.search_images(q, 5)
