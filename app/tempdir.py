@@ -27,6 +27,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("medclr.app")
@@ -167,8 +168,9 @@ def sweep(root: Path, max_age_s: float, now: float | None = None) -> int:
     return removed
 
 
-def start_sweeper(max_age_s: float, every_s: float = 60.0) -> None:
-    """Sweep the private folder every ``every_s`` seconds, in a daemon thread (once per process)."""
+def start_sweeper(max_age_s: float, every_s: float = 60.0, after: Callable[[], None] | None = None) -> None:
+    """Sweep the private folder every ``every_s`` seconds, in a daemon thread (once per process); ``after``: run
+    after each sweep (what else a long-running server tidies once a minute)."""
     global _sweeper
     root = private_temp_dir()
     with _lock:
@@ -185,6 +187,8 @@ def start_sweeper(max_age_s: float, every_s: float = 60.0) -> None:
                 n = sweep(current, max_age_s)
                 if n:
                     log.info("app: removed %d temporary file(s) older than %.0f min", n, max_age_s / 60)
+                if after is not None:
+                    after()
 
         _sweeper = threading.Thread(target=loop, name="medclr-app-sweeper", daemon=True)
         _sweeper.start()

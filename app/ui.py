@@ -335,7 +335,7 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = 7860, au
     connects) is off. Requests for another Host than localhost / the bound address / ``allowed_hosts``,
     cross-origin requests and oversized bodies are refused (``medclr.app.hosts.HostOriginPolicy``).
     With ``block``, serves until Ctrl-C, then closes the app (:func:`serve_until_interrupted`)."""
-    tempdir.start_sweeper(keep_minutes * 60.0)
+    tempdir.start_sweeper(keep_minutes * 60.0, after=functools.partial(_after_sweep, demo))
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     app, url, _ = demo.launch(server_name=host, server_port=port, share=False, auth=auth,
                               max_file_size=max_file_size, prevent_thread_lock=True, quiet=True,
@@ -352,6 +352,35 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = 7860, au
     if block:
         serve_until_interrupted(demo)
     return app, url
+
+
+def _after_sweep(demo: gr.Blocks) -> None:
+    """What a server that runs for weeks tidies once a minute (``bench/bench_app_soak.py`` measured both):
+
+    * Gradio records the path of every file it hands out in its blocks' ``temp_files`` sets and forgets none
+      while the app runs (its own ``delete_cache`` is off: the sweeper deletes the files). The names of files
+      gone from the disk are dropped, or the sets grow by every result picture served.
+    * glibc keeps memory that the request threads freed in its arenas; ``malloc_trim`` gives it back to the
+      system (most of the soak's late RSS growth). Elsewhere (musl, macOS, Windows) nothing is done."""
+    for files in getattr(demo, "temp_file_sets", []):
+        try:
+            gone = [f for f in list(files) if not os.path.exists(f)]
+        except RuntimeError:  # a request thread added a file while the set was copied: next minute
+            continue
+        files.difference_update(gone)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def serve_until_interrupted(demo: gr.Blocks) -> None:

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from medclr.distributed import env_world, init_group
 from medclr.errors import MedclrError
-from medclr.files import atomic_path, write_text
+from medclr.files import atomic_path, check_free_space, write_text
 from medclr.io import IMAGE_SUFFIXES
 from medclr.io.dicom import ARCHIVE_FIELDS, is_dicom
 
@@ -223,6 +223,8 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
              len(files), len(files) - len(todo), len(todo), changed)
     stats = {"files": len(files), "skipped_done": len(files) - len(todo), "changed": changed, "scored": 0,
              "errors": 0, "parts": 0, "seconds": 0.0, "not_images": not_images}
+    check_free_space(out, _space_needed(found, len(todo), len(classes), engine.joint_dim, opts),
+                     f"the score table of {len(found)} files")
     start = time.perf_counter()
     if todo:
         stats.update(_score_files(engine, root, todo, prints, this_run, parts, rank, seq, classes, opts))
@@ -301,6 +303,14 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
     if bar is not None:
         bar.close()
     return counts
+
+
+def _space_needed(found: list[str], todo: int, classes: int, dim: int, opts: ScoreOptions) -> int:
+    """Bytes of the parts still to write and of the merged tables, uncompressed (parquet writes less): per row its
+    path, the fixed columns, a probability and a reason per class, the UIDs and the embedding when asked for."""
+    row = 64 + 64 * classes + 64 * len(ARCHIVE_FIELDS) * opts.uids + 4 * dim * opts.embeddings
+    mean_path = sum(len(f.encode()) for f in found) / max(len(found), 1)
+    return round((todo + len(found)) * (row + mean_path))
 
 
 def _table(rows: list[dict[str, Any]], classes: list[str], embeddings: bool, uids: bool) -> pa.Table:

@@ -7,6 +7,9 @@
   Windows), and the folder is fsynced so the rename itself survives a power loss. On an exception the
   temporary is removed and the target is untouched.
 * :func:`write_text` is that for a string.
+* :func:`check_free_space` is the preflight of a writer that may need a lot of space (checkpoints, an index,
+  a score table): its rough estimate against the free space of the target's filesystem, refused in one line
+  before any work starts when it clearly does not fit.
 
 Folder swaps (a checkpoint step, the index's data folder) rename whole folders with the same
 ``os.replace`` after fsyncing every file in them; they keep their own code.
@@ -16,11 +19,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "fsync_dir", "write_text"]
+from medclr.errors import MedclrError
+
+__all__ = ["atomic_path", "check_free_space", "fsync_dir", "write_text"]
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:
@@ -59,3 +65,23 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+def check_free_space(path: str | os.PathLike, needed: int, what: str) -> None:
+    """Raise MedclrError (one line naming ``path``, ``what``, the estimate and the free space) when ``needed`` bytes
+    exceed the free space of the filesystem that holds or will hold ``path``. Estimates are rough, so only a clear
+    shortfall is refused; a write that fails all the same is still one line (``medclr.cli.refused_write``)."""
+    folder = Path(path).expanduser().absolute()
+    while not folder.exists() and folder != folder.parent:  # not created yet: the filesystem it will land on
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise MedclrError(f"{path}: about {_size(needed)} needed for {what}, but its filesystem has {_size(free)} "
+                          "free; free some space or write elsewhere")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n} bytes"

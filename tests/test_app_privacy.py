@@ -251,6 +251,23 @@ def test_sweep_removes_old_files_and_empty_folders(tmp_path):
     assert (tmp_path / "results").is_dir()
 
 
+def test_swept_files_leave_gradios_sets(tmp_path):
+    """Gradio keeps the path of every file it has served in its blocks' temp_files sets and forgets none while the
+    app runs; after each sweep the app drops the names of files gone from the disk (else the sets grow by every
+    result picture: the soak's bench_app_soak.py)."""
+    import gradio as gr
+
+    from medclr.app.ui import _after_sweep
+
+    with gr.Blocks() as demo:
+        picture = gr.Image()
+    kept, swept = tmp_path / "kept.png", tmp_path / "swept.png"
+    kept.write_bytes(b"x")
+    picture.temp_files.update({str(kept), str(swept)})
+    _after_sweep(demo)
+    assert picture.temp_files == {str(kept)} and any(s is picture.temp_files for s in demo.temp_file_sets)
+
+
 def _env(base: Path) -> dict:
     return dict(os.environ, GRADIO_TEMP_DIR=str(base), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                 PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))

@@ -26,3 +26,12 @@ def test_counts_what_trains_badly(tmp_path):
     assert json.loads(path.read_text())["long_report"] == 1
     clean = data_quality(rows.iloc[[2]])
     assert summary_line(clean) == "data quality of 1 rows: no issues"
+
+
+def test_blank_images_are_counted_only_where_the_pixels_were_read():
+    """`lm fit` reads no image: its summary leaves the field null; training passes what its cache found."""
+    rows = pd.DataFrame({"study_id": ["s1", "s2"], "image_path": ["a.png", "b.png"],
+                         "sentences": [["No acute process."], ["Left effusion."]]})
+    assert data_quality(rows)["blank_image"] is None and summary_line(data_quality(rows)).endswith("no issues")
+    q = data_quality(rows, blank_image=1)
+    assert q["blank_image"] == 1 and summary_line(q) == "data quality of 2 rows: 1 blank image"

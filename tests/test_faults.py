@@ -15,12 +15,14 @@ Where a fault is tested elsewhere it is named here (the last column), not tested
 | the same, in `medclr index search` and `medclr app` | one line, exit 1 | here |
 | full disk: checkpoint, score table, index, eta table | one line; earlier files intact; no temporaries; rerun ends | here |
 | ENOSPC from any command | one line naming the path | [5] |
+| a disk clearly too small for train, score, index build | one line before work: path, estimate, free | here |
 | index scratch on a short disk; a killed build's scratch | one line before any image; removed next build | [6] |
 | a 200 kB sentence in `lm score` | at most --max-pieces pieces scored, counted in the log | [7] |
 | `lm score` killed | saved every --save-every seconds, resumed | [8] |
 | NaN / inf embedding | an error row in score, a failed image in eval | [9] |
 | a class without usable labels | left out of the macro AUC and named: [10]; in report.md | here |
 | a blank image (one value in every pixel) | error row in score; refused by app, inspect; training logs it | here |
+| a blank training image | counted in data_quality.json (blank_image) | here |
 
 [1] test_image_cache.py::test_altered_and_truncated_entries_are_rebuilt_not_served
 [2] test_image_cache.py::test_a_source_replaced_in_place_gets_a_new_entry
@@ -40,6 +42,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -337,3 +341,127 @@ def test_a_blank_training_image_is_logged_once(blanks, caplog):
         load_resized(str(blanks / "real.png"), 36)
     warned = [r.getMessage() for r in caplog.records if "blank image" in r.getMessage()]
     assert len(warned) == 1 and str(blanks / "black.png") in warned[0] and "trains as it is" in warned[0]
+
+
+# --------------------------------------------------------------------------- preflight: the space a writer needs
+
+# A disk with SMALL_FREE bytes left: a real tmpfs, mounted in the runner's own mount namespace where the test may
+# (root, unshare), filled with fallocate; else shutil.disk_usage reports it (the one fake: filling a real disk is
+# not a test). Each command runs in this one interpreter and prints what it left on the small disk.
+SMALL_FREE = 64 << 10
+_PREFLIGHT_RUNNER = """
+import json, shutil, sys
+from pathlib import Path
+small, free, fake = Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "fake"
+if fake:
+    real = shutil.disk_usage
+    shutil.disk_usage = lambda p: real(p)._replace(free=free) if Path(p).is_relative_to(small) else real(p)
+from medclr.cli import main
+for name, argv in json.loads(sys.argv[1]):
+    print(f"@@@ {name}", file=sys.stderr, flush=True)
+    rc = main(argv)
+    print(json.dumps([name, rc, sorted(str(p.relative_to(small)) for p in small.rglob("*") if p.is_file())]),
+          flush=True)
+"""
+_MOUNT = 'mount -t tmpfs -o size=1m tmpfs "$0" && fallocate -l $((1024 * 1024 - {free})) "$0/.filler" && exec "$@"'
+
+
+def _may_mount(folder: Path) -> bool:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", _MOUNT.format(free=SMALL_FREE) + " true", str(folder),
+                            "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def short_disk(tmp_path_factory, app_assets):  # noqa: F811
+    """`medclr train`, `score` and `index build` with their output on a disk with SMALL_FREE bytes left: {case:
+    dict(rc, err, left, out, argv, mounted)}; ``left``: the files the command left in its folder of the disk."""
+    from medclr.data.manifest import write_manifest
+    from medclr.data.readers.mimic import read_mimic_cxr_jpg
+
+    base = tmp_path_factory.mktemp("short_disk")
+    small = base / "small"
+    small.mkdir()
+    data = base / "tiny"
+    manifest = write_manifest(read_mimic_cxr_jpg(write_tiny_mimic(data / "mimic")), data / "manifest.parquet",
+                              data / "mimic")
+    lm = write_tiny_bert(data / "lm", FINDING + NORMAL)
+    archive = base / "archive"
+    for i in range(60):
+        _noise_png(archive / f"{i}.png", i)
+    ckpt = app_assets["checkpoint"]
+    train = _train_cmd("infonce", manifest, lm, small / "run", *TRAIN_ARGS, "train.max_steps=1")[3:]
+    cases = {
+        "train": (small / "run" / "checkpoints", train),
+        "score": (small / "scores" / "r.parquet", ["score", "--checkpoint", ckpt, "--input", archive, "--out",
+                                                   small / "scores" / "r.parquet", "--workers", "0", "--embeddings",
+                                                   "--no-progress"]),
+        "index build": (small / "index", ["index", "build", "--checkpoint", ckpt, "--manifest",
+                                          app_assets["manifest"], "--out", small / "index", "--workers", "0"]),
+    }
+    mount = _may_mount(small)
+    wrap = ["unshare", "-m", "sh", "-c", _MOUNT.format(free=SMALL_FREE), str(small)] if mount else []
+    spec = json.dumps([[name, [str(a) for a in argv]] for name, (_, argv) in cases.items()])
+    proc = subprocess.run([*wrap, sys.executable, "-c", _PREFLIGHT_RUNNER, spec, str(small), str(SMALL_FREE),
+                           "real" if mount else "fake"], env=_env(), cwd=base, capture_output=True, text=True,
+                          timeout=600)
+    done = {name: (rc, left) for name, rc, left in (json.loads(ln) for ln in proc.stdout.splitlines()
+                                                     if ln.startswith("["))}
+    errs = {block.split("\n", 1)[0].strip(): block.split("\n", 1)[-1] for block in proc.stderr.split("@@@ ")[1:]}
+    assert set(done) == set(cases), proc.stderr[-3000:]
+    return {name: {"rc": done[name][0], "err": errs[name], "out": out, "argv": argv, "mounted": mount,
+                   "left": [f for f in done[name][1] if Path(f).parts[0] == out.relative_to(small).parts[0]]}
+            for name, (out, argv) in cases.items()}
+
+
+def _estimate(line: str) -> float:
+    """The bytes a refusal says the writer needs."""
+    value, unit = re.search(r"about ([\d,.]+) (bytes|KiB|MiB|GiB) needed for ", line).groups()
+    return float(value.replace(",", "")) * {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+
+
+@pytest.mark.parametrize("case", ["train", "score", "index build"])
+def test_a_short_disk_is_refused_before_work_starts(short_disk, case):
+    """A writer whose estimate does not fit the free space stops at its start with one line naming the path, the
+    estimate and the free space, having written none of its output (score: its run.json, a few hundred bytes)."""
+    got = short_disk[case]
+    lines = [ln for ln in got["err"].splitlines() if ln.startswith("medclr ")]
+    assert got["rc"] == 1 and "Traceback" not in got["err"], got["err"][-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"medclr {case.split()[0]}: error: {got['out']}: "), lines
+    free = re.search(r"its filesystem has ([\d,.]+) KiB free", lines[0])
+    assert free and 0 < float(free.group(1)) <= SMALL_FREE / 1024, lines[0]  # the small disk's own figure
+    assert _estimate(lines[0]) > SMALL_FREE
+    assert got["left"] == (["scores/r.parquet.parts/run.json"] if case == "score" else []), got["left"]
+
+
+def test_estimates_match_what_the_writers_write(short_disk, index_dir, tmp_path, caplog):  # noqa: F811
+    """The refused estimates against the real thing: the training run, given room, writes step folders of the
+    estimated size (keep_last + 1 of them); the index's estimate covers its cells twice (the scratch and the
+    version) and its vectors. The same run counts its blank training image in data_quality.json."""
+    got = short_disk["train"]
+    argv = [str(a).replace(str(got["out"].parent), str(tmp_path / "run")) for a in got["argv"]]
+    from medclr.data.manifest import read_manifest
+
+    rows = read_manifest(next(a.split("=", 1)[1] for a in argv if a.startswith("data.manifest=")))
+    blank = Path(rows.attrs["root"]) / rows.query("split == 'train'").iloc[0]["image_path"]
+    Image.fromarray(np.zeros((40, 40), np.uint8)).save(blank, quality=95)  # one training image all black
+    with caplog.at_level(logging.WARNING, logger="medclr.training.data"):
+        assert _cli(argv) == 0
+    steps = list((tmp_path / "run" / "checkpoints").glob("step-*"))
+    step_bytes = sum(p.stat().st_size for p in steps[0].rglob("*") if p.is_file())
+    keep = 2  # preset cpu_small's ckpt.keep_last
+    assert len(steps) == 1 and 0.8 < _estimate(_last_line(got["err"])) / ((keep + 1) * step_bytes) < 1.1
+    quality = json.loads((tmp_path / "run" / "data_quality.json").read_text())
+    assert quality["blank_image"] == 1 and any(str(blank) in r.getMessage() for r in caplog.records)
+
+    meta = json.loads((index_dir / "index_manifest.json").read_text())
+    data = index_dir / meta["data"]
+    cells = (data / meta["head"]["cells"]).stat().st_size
+    written = sum(p.stat().st_size for p in data.iterdir())
+    assert 2 * cells < _estimate(_last_line(short_disk["index build"]["err"])) < 2 * written + cells
+
+
+def _last_line(err: str) -> str:
+    return [ln for ln in err.splitlines() if ln.startswith("medclr ")][-1]

@@ -208,6 +208,20 @@ def _publish(ckpt: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def space_needed(out: Path, model: torch.nn.Module, loss: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 keep_last: int) -> int:
+    """Bytes the run's checkpoints will still add under OUT, roughly: a step folder holds the model's weights, the
+    loss's state and AdamW's two moments per trained parameter (state the optimizer has not allocated yet), and
+    keep_last + 1 of them exist at once (the newest is written before the oldest is pruned; OUT's copy of the
+    model is hard links). Folders already there count as written."""
+    def nbytes(tensors) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    moments = 2 * nbytes(p for group in optimizer.param_groups for p in group["params"])
+    step = nbytes(model.state_dict().values()) + nbytes(loss.state_dict().values()) + moments
+    return max(1, keep_last + 1 - len(list_checkpoints(out))) * step
+
+
 def clean_stale(out: Path) -> None:
     """Remove half-written checkpoint directories left by a killed run."""
     root = Path(out) / CKPT_DIR

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -194,17 +194,22 @@ def load_resized(image, resize: int, cache_dtype: str = "float32") -> torch.Tens
 
     img = np.asarray(image, dtype=np.float32) if isinstance(image, np.ndarray) else read_image(image)
     if not isinstance(image, np.ndarray) and (blank := blank_problem(img)):
-        _warn_blank(str(image), blank)
+        _note_blank(str(image), blank)
     x = resize_shorter_side(torch.from_numpy(np.ascontiguousarray(img))[None], resize).clamp_(0.0, 1.0)
     if cache_dtype == "uint8":
         return (x * 255.0).round_().to(torch.uint8)
     return x.to(_DTYPES[cache_dtype])
 
 
-@cache
-def _warn_blank(path: str, problem: str) -> None:
-    """Once per image and process: data.cache none reads every image at every epoch."""
-    log.warning("training image %s: %s; it trains as it is (medclr score and eval refuse it)", path, problem)
+_BLANK: dict[str, str] = {}  # path -> why, for each blank image this process has read
+
+
+def _note_blank(path: str, problem: str) -> None:
+    """Logged once per image and process (data.cache none reads every image at every epoch), and remembered for
+    the data-quality summary."""
+    if path not in _BLANK:
+        _BLANK[path] = problem
+        log.warning("training image %s: %s; it trains as it is (medclr score and eval refuse it)", path, problem)
 
 
 def _load_resize_transform(resize: int, cache_dtype: str):
@@ -317,6 +322,7 @@ class PairDataset(torch.utils.data.Dataset):
         # resize/dtype and the source file's identity ride along in each item so that the disk cache's key (a
         # hash of the item) changes when they do; PersistentDataset would otherwise serve stale images.
         mode = cache_mode(d["cache"])
+        self.cached_up_front = mode == "ram"
         items = [{"image": p, "resize": int(d["resize"]), "dtype": d["cache_dtype"],
                   "source": source_identity(p) if mode == "disk" else ""} for p in table.paths]
         load = Compose([_load_resize_transform(int(d["resize"]), d["cache_dtype"])])
@@ -336,6 +342,11 @@ class PairDataset(torch.utils.data.Dataset):
             if cause is not None:
                 raise MedclrError(f"caching training images: {cause}") from None
             raise
+
+    def blank_images(self) -> int | None:
+        """How many training images are blank, once every image has been read (data.cache ram reads them all here,
+        before the first step); None where they are read as training visits them, perhaps in loader workers."""
+        return sum(p in _BLANK for p in self.table.paths) if self.cached_up_front else None
 
     def __len__(self) -> int:
         return len(self.table)

@@ -36,6 +36,7 @@ from torch import nn
 from medclr.data.pairs import study_weights
 from medclr.distributed import cleanup, env_world
 from medclr.errors import MedclrError
+from medclr.files import check_free_space
 from medclr.losses.base import ContrastiveLoss
 from medclr.losses.distributed import score_blocks
 from medclr.losses.hard_negatives import hard_negative_term
@@ -284,13 +285,14 @@ def on_device(batch: dict, device: torch.device) -> dict:
     return moved
 
 
-def _report_quality(plan: Plan) -> None:
-    """The training rows' data-quality summary (``medclr.data.quality``): one log line, data_quality.json in OUT."""
+def _report_quality(plan: Plan, ds: PairDataset) -> None:
+    """The training rows' data-quality summary (``medclr.data.quality``): one log line, data_quality.json in OUT;
+    once the images are cached, so that it counts the blank ones too."""
     from medclr.data.quality import data_quality, summary_line, write_quality
     from medclr.training.data import read_manifest_split
 
     rows, _ = read_manifest_split(plan.cfg["data"]["manifest"], plan.cfg["data"]["split"])
-    quality = data_quality(rows)
+    quality = data_quality(rows, blank_image=ds.blank_images())
     log.info("%s (%s)", summary_line(quality), write_quality(quality, plan.out).name)
 
 
@@ -299,9 +301,10 @@ def _run(plan: Plan, env: DistEnv) -> dict:
     if env.is_main:
         plan.out.mkdir(parents=True, exist_ok=True)
         ckpt_mod.clean_stale(plan.out)
-        _report_quality(plan)
     run = Run(plan, env)
     try:
+        if env.is_main:
+            _report_quality(plan, run.ds)
         run.steps()
         run.finish()
     finally:
@@ -323,6 +326,10 @@ class Run:
                                                                    plan.total_steps, env.device)
         self.amp_dtype = _amp(cfg, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type) if self.amp_dtype == torch.float16 else None
+        # before the images are cached, on every rank (one fails, all fail: no rank waits at a barrier)
+        check_free_space(plan.out / ckpt_mod.CKPT_DIR, ckpt_mod.space_needed(
+            plan.out, self.model, self.loss, self.optimizer, int(cfg["ckpt"]["keep_last"])),
+            f"the run's checkpoints (ckpt.keep_last {cfg['ckpt']['keep_last']} + 1 step folders)")
         self.ds = PairDataset(plan.table, cfg, cache_progress=env.is_main and show_progress(cfg["log"]["progress"]),
                               device_augment=augment_place(cfg["data"]["augment_on"], env.device) == "device")
         self.gb = int(cfg["train"]["batch_size"])

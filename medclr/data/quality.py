@@ -7,7 +7,8 @@ Counted: image paths used by more than one row (the same image paired twice), ro
 different reports, reports with no sentence, very long reports (a pasted document costs the LM and the text
 tower their window), sentences with control characters (binary junk in an export), and reports that repeat
 another's text word for word (templates: "No acute cardiopulmonary process." alone; each one is a false
-negative of the other in every batch they share)."""
+negative of the other in every batch they share), and blank images (one value in every pixel: nothing to
+learn from), which only a reader of the pixels can count (training, when it has read them; else null)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 QUALITY_NAME = "data_quality.json"
 
 
-def data_quality(manifest) -> dict:
-    """Counts (and a few examples) over the manifest's rows; see the module docstring."""
+def data_quality(manifest, blank_image: int | None = None) -> dict:
+    """Counts (and a few examples) over the manifest's rows; see the module docstring. ``blank_image``: the
+    blank images among them, where the caller has read the pixels (None: not counted)."""
     sentences = [list(s) if s is not None else [] for s in manifest["sentences"]]
     paths = manifest["image_path"].astype(str)
     dup_paths = paths[paths.duplicated(keep=False) & (paths != "")]
@@ -43,6 +45,7 @@ def data_quality(manifest) -> dict:
         "long_report": int(sum(len(s) > LONG_REPORT_SENTENCES for s in sentences)),
         "control_characters": len(control),
         "repeated_report_rows": int(sum(n for n, _ in repeated)),
+        "blank_image": blank_image,
         "examples": {"image_used_twice": sorted(set(dup_paths))[:3], "study_with_two_reports": split_studies[:3],
                      "repeated_report": [t[:80] for _, t in repeated[:3]],
                      "control_characters_row": control[:3]},
@@ -52,8 +55,8 @@ def data_quality(manifest) -> dict:
 def summary_line(quality: dict) -> str:
     """One line: the counts that are not zero (or "no issues")."""
     keys = ("image_used_twice", "study_with_two_reports", "empty_report", "long_report", "control_characters",
-            "repeated_report_rows")
-    found = [f"{quality[k]} {k.replace('_', ' ')}" for k in keys if quality[k]]
+            "repeated_report_rows", "blank_image")
+    found = [f"{quality[k]} {k.replace('_', ' ')}" for k in keys if quality.get(k)]
     return f"data quality of {quality['rows']} rows: " + ("; ".join(found) if found else "no issues")
 
 

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from medclr.errors import MedclrError
-from medclr.files import write_text
+from medclr.files import check_free_space, write_text
 from medclr.index.vectors import EXACT_MAX, VectorIndex, choose_kind, normalized
 
 log = logging.getLogger(__name__)
@@ -494,6 +494,9 @@ def _extend_to(engine, cur: RetrievalIndex, manifest, out: Path, kind: str, exac
         log.warning("index %r holds no %s image cells (built by an older medclr): the added images get none "
                     "either and text -> image search ranks by global cosine; rebuild it with `medclr index "
                     "build` to rank by the head", str(out), hkind)
+    n_sentences = sum(len(s) for s in rows["sentences"])  # an upper bound on the new distinct ones
+    check_free_space(out, _space_needed(engine, len(paths), len(cur.image_table), len(cur.sentence_table) + n_sentences,
+                                        with_cells), f"the index of {len(paths)} new images")
     out.mkdir(parents=True, exist_ok=True)
     sink = _CellSink(_head(engine), scratch, len(paths)) if with_cells else None
     vecs, ok, errors = _embed_images(engine, paths, batch_size, workers, progress, sink)
@@ -564,6 +567,15 @@ def _extend_to(engine, cur: RetrievalIndex, manifest, out: Path, kind: str, exac
             np.save(folder / CELL_IDS_NAME, cell_ids)
     _write_version(out, meta, images, sentences, table, sen_t, all_err, extra)
     return load_index(out, engine if sink is not None else None, use_gpu=use_gpu)
+
+
+def _space_needed(engine, n_new: int, n_old: int, n_sentences: int, with_cells: bool) -> int:
+    """Bytes a build or add writes, roughly: the new version's vectors (float32, images and sentences) and, under
+    an LSE+NL head, its float16 cells of every image plus the scratch copy of the new images' cells."""
+    vectors = (n_old + n_new + n_sentences) * engine.joint_dim * 4
+    if not with_cells:
+        return vectors
+    return vectors + (n_old + 2 * n_new) * engine.region_cells * engine.joint_dim * 2
 
 
 def _write_cells(path: Path, parts: list[tuple[np.ndarray, np.ndarray]], tail: tuple[int, ...],

@@ -38,7 +38,7 @@ from medclr.inference.preprocess import CropGeometry, Preprocess, image_loader, 
 from medclr.inference.stats import SentenceStats
 from medclr.io import MAX_PIXELS, read_image
 from medclr.models.dual import DualEncoder
-from medclr.models.image import ImageFeatures
+from medclr.models.image import ImageFeatures, grid_size
 from medclr.prompts import CHEX5_PROMPTS, PromptSet, prompt_embeddings, zero_shot_scores
 
 # What a reader is told for an image whose embedding is NaN or infinite: an error row, never a score.
@@ -226,6 +226,13 @@ class Inference:
                 for j, c in enumerate(classes)]
 
     # -- grounding --------------------------------------------------------------------------------
+    @property
+    def region_cells(self) -> int:
+        """Region cells per image at this engine's crop: the grid the heads score, and an index stores per image."""
+        size = int(self.preprocess.image_size)
+        h, w = grid_size(size, size, self.model.image_encoder.output_stride)
+        return h * w
+
     @torch.inference_mode()
     def region_grid(self, image: Any, phrase: str) -> np.ndarray:
         """h x w region-phrase cosines over the crop, as the head scores them (no smoothing), float32."""
