@@ -299,6 +299,8 @@ def test_join_eta_aligns_with_manifest_sentences():
     assert long[["index", "position"]].values.tolist() == [[0, 0], [0, 1], [2, 0]]
     with pytest.raises(MedclrError, match="not in the eta table"):
         join_eta(manifest.assign(sentences=[["Heart normal."], ["Unseen."], []]), table)
+    with pytest.raises(MedclrError, match=r"holds no eta value \(NaN\) for 3 manifest sentences.*damaged"):
+        join_eta(manifest, table.assign(eta=np.nan))  # in the table, without a value
     assert np.isnan(join_eta(manifest.assign(sentences=[["Unseen."], [], []]), table, missing="nan")[0][0])
 
 

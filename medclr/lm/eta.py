@@ -184,6 +184,11 @@ def eta_long(manifest: pd.DataFrame, eta_table: pd.DataFrame, column: str = "eta
     lost = np.isnan(values)
     if missing == "raise" and lost.any():
         i = int(np.flatnonzero(lost)[0])
+        absent = ~st["sentence_hash"].isin(eta_table["sentence_hash"]).to_numpy()
+        if not absent[lost].any():  # every one is in the table, with no value: a damaged table, not a stale one
+            raise MedclrError(f"the eta table holds no {column} value (NaN) for {int(lost.sum())} manifest sentences "
+                              f"(first: row {st['index'].iat[i]}, {st['sentence'].iat[i]!r}): it is damaged; "
+                              "rescore it (`medclr lm score --rescore`)")
         raise MedclrError(f"{int(lost.sum())} manifest sentences are not in the eta table (first: row "
                           f"{st['index'].iat[i]}, {st['sentence'].iat[i]!r}); run `medclr lm score` on this manifest")
     return pd.DataFrame({"index": st["index"].to_numpy(), "position": st["position"].to_numpy(),
