@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from medclr.eval_report import read_summary as read_summary  # its one copy, shared with the core's model card
 from medclr.evaluation.markdown import fmt, table
 from medclr.evaluation.tasks import Column, tasks
 

@@ -94,8 +94,9 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
              device: str = "cpu", n_boot: int = 1000, seed: int = 0, figures: bool = True,
              compare: dict[str, str] | None = None) -> dict:
     """Run the evaluation and write ``out``/metrics.json, phrases.csv, report.md, figures/*.png."""
+    from medclr.eval_report import read_summary
     from medclr.evaluation.data import load_eval_data
-    from medclr.evaluation.report import jsonable, read_summary, summary, write_report
+    from medclr.evaluation.report import jsonable, summary, write_report
 
     t0 = time.perf_counter()
     compared = {label: read_summary(path) for label, path in (compare or {}).items()}

@@ -58,7 +58,8 @@ def evaluate_seeds(checkpoints: list[str], data_path: str, out: str, *, compare:
     """Evaluate every checkpoint into ``out/<k>_<name>/`` and write the pooled ``out/metrics.json`` and
     ``out/report.md``. ``kwargs`` are :func:`medclr.evaluation.runner.evaluate`'s (the same for every run)."""
     from medclr.errors import MedclrError
-    from medclr.evaluation.report import jsonable, read_summary
+    from medclr.eval_report import read_summary
+    from medclr.evaluation.report import jsonable
     from medclr.evaluation.runner import evaluate
     from medclr.evaluation.seeds_report import pooled_markdown
 

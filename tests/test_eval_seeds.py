@@ -167,7 +167,7 @@ def test_cli_several_checkpoints_pools_the_per_checkpoint_metrics(two, capsys):
         assert needle in report, needle
     assert "### Prompt check" in (out / "1_seed0" / "report.md").read_text()
     # the pooled metrics.json works with --compare, as a single run's does
-    from medclr.evaluation.report import read_summary
+    from medclr.eval_report import read_summary
 
     assert read_summary(out / "metrics.json")["AUC"] == pytest.approx(m["summary"]["AUC"])
 
