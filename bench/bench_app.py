@@ -61,7 +61,8 @@ def build_checkpoint(name: str, root: Path) -> Path:
     import torch
     from transformers import BertConfig, BertForMaskedLM
 
-    from medclr.inference import CheckpointMeta, write_metadata
+    from medclr.inference import CheckpointMeta, weights_sha256, write_metadata
+    from medclr.inference.stored_prompts import save_prompt_embeddings
     from medclr.lm.fit import train_tokenizer
     from medclr.models.dual import build_dual_encoder
     from medclr.prompts import BUILTIN_PROMPTS
@@ -84,7 +85,9 @@ def build_checkpoint(name: str, root: Path) -> Path:
                                image_pretrained="none", projector=spec["projector"])
     model.head.trained = True  # random weights stand for trained ones (an untrained head is refused at load)
     model.save_pretrained(out)
-    write_metadata(out, CheckpointMeta(image_size=spec["image_size"], resize=spec["resize"]))
+    sha = weights_sha256(out)  # what training records, and the stored prompt embeddings it writes
+    save_prompt_embeddings(out, model, sha)
+    write_metadata(out, CheckpointMeta(image_size=spec["image_size"], resize=spec["resize"], weights_sha256=sha))
     return out
 
 

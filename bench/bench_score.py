@@ -298,7 +298,10 @@ import medclr.cli, medclr.jobs.score; lap("import medclr.cli + jobs.score")
 import torch; lap("import torch")
 import medclr.jobs.scoring; lap("import jobs.scoring (pyarrow, pydicom, Pillow)")
 from medclr.inference import load_checkpoint; lap("import medclr.inference (torchvision, torch._dynamo)")
-engine = load_checkpoint(sys.argv[1], device=sys.argv[3]); lap("load_checkpoint (transformers, weights)")
+import inspect  # as `medclr score` loads it: without the text tower where the checkpoint stores the prompts
+kw = {"text": False} if "text" in inspect.signature(load_checkpoint).parameters else {}
+engine = load_checkpoint(sys.argv[1], device=sys.argv[3], **kw)
+lap("load_checkpoint (weights; the text tower only without stored prompts)")
 engine.weights_sha256; lap("weights sha256")
 engine.prompt_embeddings(); lap("prompt embeddings")
 from pathlib import Path

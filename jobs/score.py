@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     rank, _, local_rank = env_world()
     device = f"cuda:{local_rank}" if args.device == "cuda" else args.device  # one GPU per torchrun process
-    engine = load_checkpoint(args.checkpoint, device=device)
+    # the CheX5 prompts' embeddings are stored in the checkpoint: no text tower unless other prompts are asked for
+    engine = load_checkpoint(args.checkpoint, device=device, text=prompts is not None)
     workers = default_workers(device) if args.workers is None else args.workers
     opts = ScoreOptions(batch_size=args.batch_size, workers=workers, embeddings=args.embeddings,
                         part_files=args.part_files, max_pixels=args.max_pixels,

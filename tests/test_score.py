@@ -500,7 +500,7 @@ def test_first_non_finite_finds_what_an_element_wise_check_finds():
     overflow although every element is finite, and infinities that meet in a NaN."""
     import torch
 
-    from medclr.inference.load import first_non_finite
+    from medclr.inference.checkpoint import first_non_finite
 
     big = torch.full((4,), 3e38)  # finite elements, an infinite float32 sum
     cases = {"ok": torch.randn(50), "overflow": big, "ints": torch.arange(5), "half": torch.full((8,), 6e4).half()}

@@ -502,6 +502,11 @@ def test_phantom_dcl_true_and_dcl_lm_train(tmp_path):
         summary = json.loads(proc.stdout.strip().splitlines()[-1])["train"]
         assert summary["steps"] == 4 and np.isfinite(summary["last_loss"])
         assert (out / "model.safetensors").is_file() and (out / "checkpoint_meta.json").is_file()
+    # the CheX5 prompts are stored for these weights: a scorer loads no text tower (medclr.inference.stored_prompts)
+    from medclr.inference import load_checkpoint
+
+    lean = load_checkpoint(tmp_path / "dcl_lm", text=False)
+    assert lean.model.text_encoder is None and len(lean.prompt_embeddings()) == 5
     # the end-of-training validation recorded, per CheX5 finding, whether the model reads it (medclr.findings):
     # every labelled validation image (6 balanced studies per class and the pool's share), not val.max_images
     from medclr.inference import read_metadata

@@ -3,6 +3,7 @@
 Layout (docs/training.md, "Checkpoints and resume")::
 
     OUT/checkpoints/step-0000500/   config.json  model.safetensors  tokenizer/   (DualEncoder.save_pretrained)
+                                    prompt_embeddings.safetensors   the CheX5 prompts encoded (medclr.inference.stored_prompts)
                                     loss_state.safetensors   every loss buffer/parameter (u, zeta, step, ...)
                                     optimizer.pt             optimizer + scheduler + grad-scaler state dicts
                                     trainer_state.json       step, epoch, sampler position, config, data fingerprint
@@ -10,7 +11,7 @@ Layout (docs/training.md, "Checkpoints and resume")::
                                     checkpoint_meta.json     what readers need: crop, resize, tau, loss, eta table,
                                                              data, step (medclr.inference.metadata)
                                     train_config.yaml
-    OUT/  config.json  model.safetensors  loss_state.safetensors  tokenizer/  checkpoint_meta.json
+    OUT/  config.json  model.safetensors  loss_state.safetensors  tokenizer/  checkpoint_meta.json  prompt_embeddings.safetensors
           train_config.yaml  trainer_state.json
           (the latest checkpoint's model files: `DualEncoder.from_pretrained(OUT)` works; eval/app/index load OUT)
 
@@ -41,11 +42,12 @@ from medclr.inference.checkpoint import (  # not in the loss's state_dict
     weights_sha256,
 )
 from medclr.inference.metadata import METADATA_NAME, CheckpointMeta, write_metadata
+from medclr.inference.stored_prompts import PROMPTS_NAME, save_prompt_embeddings
 
 CKPT_DIR = "checkpoints"
 _STEP_RE = re.compile(r"^step-(\d{7,})$")
 PUBLISHED = ("config.json", "model.safetensors", "loss_state.safetensors", METADATA_NAME, "train_config.yaml",
-             "trainer_state.json")
+             "trainer_state.json", PROMPTS_NAME)
 
 
 def step_dir(out: Path, step: int) -> Path:
@@ -278,7 +280,9 @@ def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, 
                             sample_index, texts)
             torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                         "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "optimizer.pt")
-            write_metadata(tmp, checkpoint_meta(trainer_state, loss, weights_sha256(tmp)))
+            sha = weights_sha256(tmp)
+            save_prompt_embeddings(tmp, model, sha)  # scoring with the default prompts then needs no text tower
+            write_metadata(tmp, checkpoint_meta(trainer_state, loss, sha))
             (tmp / "train_config.yaml").write_text(config_yaml)
             (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True, default=str))
             _fsync_tree(tmp)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from medclr.errors import MedclrError
-from medclr.inference.checkpoint import DEFAULT_TAU, weights_sha256
+from medclr.inference.checkpoint import DEFAULT_TAU, attach_text, weights_sha256
 from medclr.inference.heatmap import SMOOTH_SIGMA, smooth_map, upsample_map
 from medclr.inference.metadata import CheckpointMeta
 from medclr.inference.preprocess import CropGeometry, Preprocess, image_loader, preprocess_image
@@ -54,12 +54,20 @@ class EncodedImage:
     image: np.ndarray  # the original H x W float32 in [0, 1]
 
 
+def _prompt_key(prompts: PromptSet) -> str:
+    return json.dumps(prompts, sort_keys=True)
+
+
 class Inference:
     """A checkpoint ready for inference (eval mode, no grad). Build with :func:`load_checkpoint`."""
 
     def __init__(self, model: DualEncoder, pre: Preprocess = Preprocess(), tau: float = DEFAULT_TAU,
                  checkpoint_dir: str | os.PathLike | None = None, meta: CheckpointMeta | None = None,
-                 device: str | torch.device = "cpu", weights_sha256: str | None = None) -> None:
+                 device: str | torch.device = "cpu", weights_sha256: str | None = None,
+                 stored_prompts: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """``stored_prompts``: the default prompts' embeddings the checkpoint stores for these weights
+        (:mod:`medclr.inference.stored_prompts`); a ``model`` without its text tower loads it from
+        ``checkpoint_dir`` when a text is first encoded."""
         if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
             raise MedclrError(f"tau: expected a positive number, got {tau!r}")
         self.device = torch.device(device)
@@ -67,7 +75,10 @@ class Inference:
         self.preprocess, self.tau = pre, float(tau)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.meta = meta  # what the checkpoint records (checkpoint_meta.json); None when not loaded from one
-        self._prompt_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._prompt_cache: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}  # by the prompt set
+        if stored_prompts is not None:
+            self._prompt_cache[_prompt_key(CHEX5_PROMPTS)] = {
+                cls: tuple(t.to(self.device) for t in pair) for cls, pair in stored_prompts.items()}
         self._sha = weights_sha256  # of checkpoint_dir's weights, when the loader already hashed them
         self._stats: Any = None
 
@@ -140,6 +151,8 @@ class Inference:
     # -- texts ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def _text(self, sentences: Sequence[str], normalize: bool, batch_size: int = 64) -> torch.Tensor:
+        if self.model.text_encoder is None:
+            self._attach_text()
         return self.model.text_encoder.encode(list(sentences), batch_size=batch_size, normalize=normalize).float()
 
     def embed_texts(self, sentences: Sequence[str] | str, batch_size: int = 64) -> np.ndarray:
@@ -148,16 +161,21 @@ class Inference:
             sentences = [sentences]
         return self._text(sentences, True, batch_size).cpu().numpy()
 
+    def _attach_text(self) -> None:
+        """Load the text tower this engine was built without (``load_checkpoint(..., text=False)``)."""
+        if self.checkpoint_dir is None:
+            raise MedclrError("this model has no text tower and was not loaded from a checkpoint directory")
+        attach_text(self.model, self.checkpoint_dir)
+        self.model.text_encoder.to(self.device).eval().requires_grad_(False)
+
     def prompt_embeddings(self, prompts: PromptSet | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """class -> (positive D, negative D): mean of unnormalised projections, then L2-normalised."""
+        """class -> (positive D, negative D): mean of unnormalised projections, then L2-normalised (the default
+        prompts' come from the checkpoint when it stores them for these weights)."""
         prompts = CHEX5_PROMPTS if prompts is None else prompts
-        out = {}
-        for cls, sides in prompts.items():
-            key = json.dumps([sides["positive"], sides["negative"]])
-            if key not in self._prompt_cache:
-                self._prompt_cache[key] = prompt_embeddings(lambda texts: self._text(texts, False), {cls: sides})[cls]
-            out[cls] = self._prompt_cache[key]
-        return out
+        key = _prompt_key(prompts)
+        if key not in self._prompt_cache:
+            self._prompt_cache[key] = prompt_embeddings(lambda texts: self._text(texts, False), prompts)
+        return dict(self._prompt_cache[key])
 
     # -- zero-shot --------------------------------------------------------------------------------
     @torch.inference_mode()
