@@ -1,9 +1,12 @@
-"""The device path of `medclr score` (issue 34): greyscale JPEG and uncompressed DICOM finished on the model's device.
+"""The device path of `medclr score` (issue 34): greyscale JPEG, uncompressed DICOM and JPEG 2000 DICOM finished on
+the model's device.
 
 The same code runs on the CPU device here (``--decoder device``) and on CUDA where there is one. Stated
 tolerances against ``read_image`` + ``preprocess_image`` (the app's input): on the CPU, equal (the same display
-table, the same libjpeg-turbo decode, the same float resize); on CUDA, DICOM within 1e-5 (the area resize's float
-rounding) and JPEG within 2/255 per input pixel, mean 1e-3 (nvJPEG's inverse DCT against libjpeg-turbo's).
+table, the same libjpeg-turbo decode, OpenJPEG under nvImageCodec's CPU backend as under pydicom, the same float
+resize); on CUDA, uncompressed and lossless JPEG 2000 DICOM within 1e-5 (the area resize's float rounding), JPEG
+within 2/255 per input pixel, mean 1e-3 (nvJPEG's inverse DCT against libjpeg-turbo's), and lossy JPEG 2000
+within 2/255, mean 1e-3 (nvJPEG2000's inverse wavelet against OpenJPEG's).
 """
 
 from __future__ import annotations
@@ -67,9 +70,37 @@ def jpegs(tmp_path_factory) -> list[str]:
     return [str(out / n) for n in ("baseline.jpg", "progressive.jpg", "odd.jpg")]
 
 
-def _on_device(paths: list[str], device: str) -> tuple[dict, torch.Tensor]:
+@pytest.fixture(scope="module")
+def j2ks(tmp_path_factory) -> list[str]:
+    """Real JPEG 2000 chest CRs (RG1 and RG3, lossless and lossy, MONOCHROME1 with a window) and RG1's stored
+    values compressed here (pydicom + OpenJPEG, lossless) as MONOCHROME2 with an INVERSE presentation and a
+    window, and as 8 bits with a VOI LUT."""
+    import pydicom
+    from pydicom import uid
+
+    real = [_testdata(n) for n in ("RG1_J2KR.dcm", "RG1_J2KI.dcm", "RG3_J2KR.dcm", "RG3_J2KI.dcm")]
+    stored = pydicom.dcmread(_testdata("RG1_UNCR.dcm")).pixel_array
+    out = tmp_path_factory.mktemp("j2k")
+    made = [(make_dicom(out / "inverse.dcm", stored, bits_stored=15, PresentationLUTShape="INVERSE",
+                        WindowCenter=12000, WindowWidth=16000), stored),
+            (make_dicom(out / "eight.dcm", (stored >> 7).astype(np.uint8)), (stored >> 7).astype(np.uint8))]
+    paths = []
+    for path, pixels in made:
+        ds = pydicom.dcmread(path)
+        if pixels.dtype == np.uint8:  # a VOI LUT of 256 entries: a curve, not a window
+            lut = pydicom.Dataset()
+            lut.LUTDescriptor = [256, 0, 16]
+            lut.add_new((0x0028, 0x3006), "US", (np.sqrt(np.arange(256) / 255) * 4095).astype(np.uint16).tolist())
+            ds.VOILUTSequence = [lut]
+        ds.compress(uid.JPEG2000Lossless, pixels)
+        ds.save_as(path)
+        paths.append(str(path))
+    return real + paths
+
+
+def _on_device(paths: list[str], device: str, formats=frozenset({"dicom", "jpeg"})) -> tuple[dict, torch.Tensor]:
     """The scorer's two halves: the workers' items (device route on), then the device's finish."""
-    data = ImageFiles(paths, PRE, device_formats=frozenset({"dicom", "jpeg"}))
+    data = ImageFiles(paths, PRE, device_formats=formats)
     batch = collate_images([data[i] for i in range(len(paths))])
     return batch, model_inputs(batch, PRE, device).cpu()
 
@@ -103,6 +134,50 @@ def test_jpeg_on_the_device_equals_read_image(jpegs, device):
             assert float(diff.max()) == 0.0, path
         else:
             assert float(diff.max()) <= 2 / 255 and float(diff.mean()) <= 1e-3, path
+
+
+J2K = frozenset({"dicom", "jpeg", "jpeg2000"})
+needs_nvimgcodec = pytest.mark.skipif(not device_formats("device", "cpu") >= {"jpeg2000"},
+                                      reason="nvImageCodec is not installed (the test extra installs it)")
+
+
+@needs_nvimgcodec
+@pytest.mark.parametrize("device", DEVICES)
+def test_jpeg2000_on_the_device_equals_read_image(j2ks, device):
+    batch, x = _on_device(j2ks, device, J2K)
+    assert [r["kind"] for r in batch["raw"]] == ["jpeg2000"] * len(j2ks) and batch["ok"].all()
+    for path, got in zip(j2ks, x):
+        diff = (got - _reference(path)).abs()
+        if device == "cpu":
+            assert float(diff.max()) == 0.0, path
+        elif "J2KI" in path:  # lossy: another inverse wavelet
+            assert float(diff.max()) <= 2 / 255 and float(diff.mean()) <= 1e-3, path
+        else:
+            assert float(diff.max()) <= 1e-5, path
+    ref = torch.stack([_reference(p) for p in j2ks])
+    assert (ref.amax(dim=(1, 2, 3)) > ref.amin(dim=(1, 2, 3)) + 0.1).all()
+
+
+@needs_nvimgcodec
+def test_jpeg2000_the_device_cannot_take_or_read(j2ks, tmp_path):
+    """Without a VOI the display range is the image's own min-max (the table depends on the pixels) and a signed
+    image needs pydicom's sign handling: both decode in the workers, exactly. A damaged codestream is an error row,
+    beside files that still score."""
+    import pydicom
+
+    ds = pydicom.dcmread(j2ks[0])
+    del ds.WindowCenter, ds.WindowWidth
+    ds.save_as(tmp_path / "minmax.dcm")
+    ds = pydicom.dcmread(j2ks[0])
+    ds.PixelData = ds.PixelData[: len(ds.PixelData) // 3] + b"\0" * 64  # a third of the stream, then zeros
+    ds.save_as(tmp_path / "damaged.dcm")
+    paths = [str(tmp_path / "minmax.dcm"), str(tmp_path / "damaged.dcm"), j2ks[0]]
+    batch, x = _on_device(paths, "cpu", J2K)
+    assert [r and r["kind"] for r in batch["raw"]] == [None, "jpeg2000", "jpeg2000"]
+    assert batch["ok"].tolist() == [True, False, True] and len(x) == 2
+    assert batch["error"][1] == f"{paths[1]}: its JPEG 2000 pixel data cannot be decoded"
+    for path, got in zip([paths[0], paths[2]], x):
+        torch.testing.assert_close(got, _reference(path), rtol=0, atol=0, msg=path)
 
 
 def test_what_the_device_does_not_take_decodes_in_the_workers(tmp_path):
@@ -144,12 +219,12 @@ def test_files_the_device_cannot_read_are_error_rows_with_the_cpu_path_words(jpe
 
 
 def test_scorer_on_the_device_scores_as_the_full_decode_and_says_which_decoder(engine, dicoms, jpegs,  # noqa: F811
-                                                                               tmp_path, caplog):
+                                                                               j2ks, tmp_path, caplog):
     from medclr.jobs import scoring
 
     root = tmp_path / "archive"
     root.mkdir()
-    for p in [dicoms[0], dicoms[4], *jpegs[:2]]:
+    for p in [dicoms[0], dicoms[4], *jpegs[:2], j2ks[1]]:
         shutil.copy(p, root / Path(p).name)
     Image.fromarray(np.full((64, 80), 9, np.uint8)).save(root / "blank.jpg")
     Image.fromarray(np.linspace(0, 255, 64 * 80).reshape(64, 80).astype(np.uint8)).save(root / "grey.png")
@@ -168,7 +243,7 @@ def test_scorer_on_the_device_scores_as_the_full_decode_and_says_which_decoder(e
     full, full_errors, said = score("full", full_decode=True)
     assert len(said) == 1 and "every file in the main process (CPU) (no CUDA device" in said[0]
     assert list(errors["path"]) == list(full_errors["path"]) == ["blank.jpg"]
-    assert list(on_device["path"]) == list(full["path"]) and len(full) == 5
+    assert list(on_device["path"]) == list(full["path"]) and len(full) == 6
     classes = [c for c in full.columns if f"{c} reason" in full.columns]
     np.testing.assert_allclose(on_device[classes].to_numpy(float), full[classes].to_numpy(float), rtol=0, atol=1e-6)
     assert (on_device[["height", "width"]].to_numpy() == full[["height", "width"]].to_numpy()).all()
@@ -177,7 +252,7 @@ def test_scorer_on_the_device_scores_as_the_full_decode_and_says_which_decoder(e
 
 def test_auto_uses_the_device_on_cuda_only():
     assert device_formats("auto", "cpu") == frozenset() and device_formats("cpu", "cpu") == frozenset()
-    assert device_formats("device", "cpu") == {"dicom", "jpeg"}
+    assert device_formats("device", "cpu") - {"jpeg2000"} == {"dicom", "jpeg"}  # JPEG 2000 where nvImageCodec is
     from medclr.errors import MedclrError
 
     with pytest.raises(MedclrError, match="expected one of"):

@@ -1,4 +1,5 @@
-"""Finishing the decode on the model's device: baseline JPEG through nvJPEG, uncompressed DICOM by table lookup.
+"""Finishing the decode on the model's device: JPEG through nvJPEG, JPEG 2000 DICOM through nvImageCodec,
+uncompressed DICOM by table lookup.
 
 On a GPU the DataLoader workers cannot decode as fast as the model reads (docs/scoring.md, "Start-up and
 steady rate"). For two kinds of file the workers now only read the file and check its header
@@ -10,7 +11,11 @@ steady rate"). For two kinds of file the workers now only read the file and chec
   ``read_image`` gives); the device looks every pixel up (``table[codes]``) and resizes and crops
   (``medclr.inference.preprocess.resize_crop``, the rule of every other path);
 * greyscale JPEG files: ``torchvision.io.decode_jpeg(..., device=...)`` on the batch's files at once (nvJPEG on
-  CUDA, libjpeg-turbo on the CPU), then the same resize and crop.
+  CUDA, libjpeg-turbo on the CPU), then the same resize and crop;
+* JPEG 2000 greyscale DICOM with a VOI: NVIDIA's nvImageCodec decodes the batch's codestreams at once
+  (nvJPEG2000 on CUDA; on the CPU its OpenJPEG backend), into the stored values, then the display table
+  (made in the worker: a VOI makes it independent of the pixels) and the same resize and crop. Without
+  nvImageCodec installed these decode in the workers (one log line says so).
 
 On the CPU device the same code runs (the tests' path, ``--decoder device``): there it equals ``read_image``
 + :func:`~medclr.inference.preprocess.preprocess_image` exactly (the same table, the same libjpeg-turbo
@@ -34,7 +39,7 @@ from medclr.io.limits import image_problem
 
 log = logging.getLogger(__name__)
 
-FORMATS = frozenset({"dicom", "jpeg"})
+FORMATS = frozenset({"dicom", "jpeg", "jpeg2000"})
 
 
 def _dicom_on(raw: dict[str, Any], device: torch.device) -> torch.Tensor:
@@ -60,6 +65,52 @@ def _jpegs_on(raws: list[dict[str, Any]], device: torch.device) -> list[torch.Te
     return [x if isinstance(x, str) else x.float().div_(255.0) for x in decoded]
 
 
+def _j2ks_on(raws: list[dict[str, Any]], device: torch.device) -> list[torch.Tensor | str]:
+    """1 x H x W display image per JPEG 2000 frame, or its one-line error: one batched nvImageCodec call."""
+    decoder, params = _j2k_decoder(str(device))
+    decoded = decoder.decode([r["data"].numpy() for r in raws], params=params)  # None where a stream fails
+    out: list[torch.Tensor | str] = []
+    for raw, image in zip(raws, decoded):
+        if image is None:
+            out.append(f"{raw['path']}: its JPEG 2000 pixel data cannot be decoded")
+            continue
+        # H x W x 1 where the backend decoded it: device memory through DLPack, host memory as an array
+        on_device = "DEVICE" in str(image.buffer_kind)
+        codes = (torch.from_dlpack(image) if on_device else torch.from_numpy(np.asarray(image.cpu()))).to(device)
+        if codes.ndim != 3 or codes.shape[-1] != 1 or tuple(codes.shape[:2]) != (raw["height"], raw["width"]):
+            out.append(f"{raw['path']}: its JPEG 2000 pixel data decodes to {tuple(codes.shape)}, not the header's "
+                       f"{raw['height']} x {raw['width']} grey image")
+            continue
+        out.append(raw["table"].to(device, non_blocking=True)[codes[..., 0].to(torch.int32)][None])
+    return out
+
+
+@functools.cache
+def _j2k_decoder(device: str):
+    """nvImageCodec's decoder for ``device`` (CUDA: its GPU backends first; CPU: the CPU-only backend) and the
+    decode parameters that keep the stored values as they are (no colour conversion, 16 bits kept)."""
+    from nvidia import nvimgcodec
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        decoder = nvimgcodec.Decoder(device_id=dev.index if dev.index is not None else torch.cuda.current_device())
+    else:
+        decoder = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
+                                     backends=[nvimgcodec.Backend(nvimgcodec.CPU_ONLY)])
+    return decoder, nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.UNCHANGED, allow_any_depth=True)
+
+
+def _j2k_decodes_on(device: str) -> bool:
+    """Whether nvImageCodec is installed and makes a decoder for ``device``."""
+    try:
+        _j2k_decoder(device)
+        return True
+    except Exception as exc:  # noqa: BLE001 - not installed, no CUDA driver, a build without this backend
+        log.info("nvImageCodec cannot decode JPEG 2000 on %s (%s): JPEG 2000 DICOM decodes in the CPU workers "
+                 "(pip install 'medclr[gpu]' installs it)", device, " ".join(str(exc).split())[:200])
+        return False
+
+
 def _decoder_message(exc: Exception) -> str:
     """torchvision's message without the C++ source location it starts with ("decode_jpeg, <file>.cpp:171, ...")."""
     text = " ".join(str(exc).split())
@@ -72,10 +123,11 @@ def finish_on_device(raws: list[dict[str, Any]], pre: Preprocess, device: torch.
     its one-line error: the checks of every path (``medclr.io.limits.image_problem``: sides, aspect, a blank
     image) are made on the decoded image's size and extremes, which decide them (one transfer for the batch)."""
     device = torch.device(device)
-    jpegs = [k for k, r in enumerate(raws) if r["kind"] == "jpeg"]
     images: list[torch.Tensor | str] = [_dicom_on(r, device) if r["kind"] == "dicom" else "" for r in raws]
-    for k, x in zip(jpegs, _jpegs_on([raws[k] for k in jpegs], device) if jpegs else []):
-        images[k] = x
+    for kind, decode in (("jpeg", _jpegs_on), ("jpeg2000", _j2ks_on)):
+        todo = [k for k, r in enumerate(raws) if r["kind"] == kind]
+        for k, x in zip(todo, decode([raws[k] for k in todo], device) if todo else []):
+            images[k] = x
     decoded = [k for k, x in enumerate(images) if not isinstance(x, str)]
     if decoded:
         extremes = torch.stack([torch.stack(images[k].aminmax()) for k in decoded]).cpu().numpy()
@@ -107,16 +159,17 @@ DECODERS = ("auto", "cpu", "device")
 
 
 def device_formats(decoder: str, device: torch.device | str, full_decode: bool = False) -> frozenset[str]:
-    """The kinds of file the model's device finishes. ``auto``: on CUDA both where torchvision decodes JPEG
-    there (else DICOM only), unless ``full_decode`` asks for the app's exact CPU inputs; on another device
-    none. ``device``: as on CUDA, on any device (on the CPU: the same arithmetic in the main process, the
-    tests' path). ``cpu``: none."""
+    """The kinds of file the model's device finishes. ``auto``: on CUDA uncompressed DICOM, JPEG where
+    torchvision decodes it there, JPEG 2000 DICOM where nvImageCodec does, unless ``full_decode`` asks for the
+    app's exact CPU inputs; on another device none. ``device``: as on CUDA, on any device (on the CPU: the same
+    arithmetic in the main process, the tests' path). ``cpu``: none."""
     if decoder not in DECODERS:
         raise MedclrError(f"decoder {decoder!r}: expected one of {list(DECODERS)}")
     device = torch.device(device)
     if decoder == "cpu" or (decoder == "auto" and (device.type != "cuda" or full_decode)):
         return frozenset()
-    return FORMATS if device.type != "cuda" or _jpeg_decodes_on(str(device)) else frozenset({"dicom"})
+    jpeg = device.type != "cuda" or _jpeg_decodes_on(str(device))
+    return frozenset({"dicom"} | ({"jpeg"} if jpeg else set()) | ({"jpeg2000"} if _j2k_decodes_on(str(device)) else set()))
 
 
 @functools.cache
@@ -140,6 +193,7 @@ def describe(formats: frozenset[str], device: torch.device | str, workers: int) 
     if not formats:
         why = "" if torch.device(device).type == "cuda" else " (no CUDA device; --decoder device moves them there)"
         return f"decoder: every file in {cpu}{why}"
-    done = {"jpeg": "greyscale JPEG through torchvision decode_jpeg", "dicom": "uncompressed DICOM by display table"}
-    return (f"decoder: {', '.join(done[f] for f in sorted(formats, reverse=True))} finished on {device}; "
+    done = {"jpeg": "greyscale JPEG through torchvision decode_jpeg", "dicom": "uncompressed DICOM by display table",
+            "jpeg2000": "JPEG 2000 DICOM through nvImageCodec"}
+    return (f"decoder: {', '.join(done[f] for f in sorted(formats, key=list(done).index))} finished on {device}; "
             f"other files in {cpu}")

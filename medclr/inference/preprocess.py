@@ -24,7 +24,15 @@ import torch
 
 from medclr.errors import MedclrError
 from medclr.geometry import CropGeometry, centre_crop, resize_shorter_side, resized_shape
-from medclr.io import MAX_PIXELS, DecodedImage, JpegBytes, StoredImage, read_image_for_device, read_image_reduced
+from medclr.io import (
+    MAX_PIXELS,
+    DecodedImage,
+    Jpeg2000Frame,
+    JpegBytes,
+    StoredImage,
+    read_image_for_device,
+    read_image_reduced,
+)
 from medclr.io.limits import image_problem
 
 DEFAULT_IMAGE_SIZE = 224
@@ -102,7 +110,7 @@ class ImageFiles(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def _decode(self, path: str) -> tuple[DecodedImage | StoredImage | JpegBytes, str]:
+    def _decode(self, path: str) -> tuple[DecodedImage | StoredImage | Jpeg2000Frame | JpegBytes, str]:
         # a DICOM header that says "maybe not a chest radiograph" (OT, another body part) travels with the scores,
         # and so do its archive fields (view, UIDs); min_side None decodes every pixel
         min_side = self.pre.resize_to if self.reduced else None
@@ -131,10 +139,13 @@ class ImageFiles(torch.utils.data.Dataset):
                     "caution": "", "fields": {}, "raw": None}
 
 
-def raw_item(image: StoredImage | JpegBytes, path: str) -> dict[str, Any]:
+def raw_item(image: StoredImage | Jpeg2000Frame | JpegBytes, path: str) -> dict[str, Any]:
     """What the device needs to finish a file (``medclr.inference.device_decode``), as tensors the loader pins."""
     if isinstance(image, JpegBytes):
         return {"kind": "jpeg", "data": torch.from_numpy(image.data), "path": path}
+    if isinstance(image, Jpeg2000Frame):
+        return {"kind": "jpeg2000", "data": torch.from_numpy(image.data.copy()), "table": torch.from_numpy(image.table),
+                "height": image.height, "width": image.width, "path": path}
     # torch has no uint16 arithmetic on every device: the codes cross as int16 and are unwrapped there
     codes = image.codes.view(np.int16) if image.codes.dtype == np.uint16 else image.codes
     return {"kind": "dicom", "codes": torch.from_numpy(np.ascontiguousarray(codes)),

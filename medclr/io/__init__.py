@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from medclr.errors import ImageReadError
-from medclr.io.device import JpegBytes, StoredImage, jpeg_for_device
+from medclr.io.device import Jpeg2000Frame, JpegBytes, StoredImage, jpeg_for_device
 from medclr.io.dicom import (
     is_dicom,
     read_dicom_header,
@@ -29,8 +29,8 @@ DICOM_SUFFIXES = {".dcm", ".dicom", ".dic"}
 RASTER_SUFFIXES = {".png", ".jpg", ".jpeg"}
 IMAGE_SUFFIXES = DICOM_SUFFIXES | RASTER_SUFFIXES
 
-__all__ = ["read_image", "read_image_reduced", "read_image_for_device", "JpegBytes", "StoredImage", "read_header",
-           "read_radiograph", "DecodedImage", "ImageReadError",
+__all__ = ["read_image", "read_image_reduced", "read_image_for_device", "Jpeg2000Frame", "JpegBytes", "StoredImage",
+           "read_header", "read_radiograph", "DecodedImage", "ImageReadError",
            "IMAGE_SUFFIXES", "MAX_PIXELS"]
 
 
@@ -72,15 +72,16 @@ def read_image_reduced(path: str | Path, min_side: int | None,
 
 def read_image_for_device(path: str | Path, min_side: int | None, max_pixels: int = MAX_PIXELS,
                           formats: frozenset[str] = frozenset({"dicom", "jpeg"})
-                          ) -> tuple[DecodedImage | StoredImage | JpegBytes, str]:
+                          ) -> tuple[DecodedImage | StoredImage | Jpeg2000Frame | JpegBytes, str]:
     """``read_image_reduced``, except that the kinds of file in ``formats`` that the model's device can finish
     come back undecoded (``medclr.io.device``): "dicom", an uncompressed greyscale integer DICOM as its stored
-    values and display table; "jpeg", a greyscale JPEG file as its bytes."""
+    values and display table; "jpeg2000", a JPEG 2000 greyscale DICOM with a VOI as its codestream and display
+    table; "jpeg", a greyscale JPEG file as its bytes."""
     path = Path(path)
     if not path.is_file():
         raise ImageReadError(f"{path}: file not found")
     if _is_dicom_path(path):
-        return read_dicom_stored(path, min_side, max_pixels) if "dicom" in formats else \
+        return read_dicom_stored(path, min_side, max_pixels, formats) if formats & {"dicom", "jpeg2000"} else \
             read_dicom_reduced(path, min_side, max_pixels)
     jpeg = jpeg_for_device(path, max_pixels) if "jpeg" in formats else None
     return (jpeg, "") if jpeg is not None else (read_raster_reduced(path, min_side, max_pixels), "")

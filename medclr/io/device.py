@@ -1,16 +1,19 @@
 """What a file hands over when the model's device finishes its decode (``medclr score`` on a GPU).
 
-Two kinds of file leave most of their per-pixel work to the device (``medclr.inference.device_decode``):
+Three kinds of file leave most of their per-pixel work to the device (``medclr.inference.device_decode``):
 
 * an uncompressed greyscale DICOM of 8- or 16-bit integers: its stored values as they are in the file
   (:class:`StoredImage`), with the display pipeline as a table over every possible value
   (``medclr.io.dicom.display_table``: Modality LUT, VOI LUT or window, MONOCHROME1 / INVERSE inversion), so
   the device looks every pixel up in the table, the exact numbers ``read_image`` gives;
 * a baseline or progressive greyscale JPEG file (:class:`JpegBytes`): the file's bytes, decoded there (nvJPEG
-  through ``torchvision.io.decode_jpeg``).
+  through ``torchvision.io.decode_jpeg``);
+* a JPEG 2000 greyscale DICOM of unsigned 8- or 16-bit values with a VOI (window or VOI LUT)
+  (:class:`Jpeg2000Frame`): its codestream, decoded there (nvImageCodec: nvJPEG2000 on a GPU), with the display
+  table, which a VOI makes independent of the pixels (without one the range is the image's own min-max).
 
 The checks (size limits, modality, the header's caution) are the ones of the CPU readers, made here on the
-header; anything else (PNG, JPEG 2000, compressed or colour DICOM, a JPEG Pillow reads as colour or with an
+header; anything else (PNG, other compressed or colour DICOM, a JPEG Pillow reads as colour or with an
 EXIF rotation) decodes on the CPU as before.
 """
 
@@ -56,6 +59,19 @@ class JpegBytes:
     height: int
     width: int
     bits: int = 8
+    fields: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Jpeg2000Frame:
+    """A JPEG 2000 DICOM's first-frame codestream and the float32 display value of every code its decode gives:
+    ``table[decode(data)]`` is ``read_image``'s image."""
+
+    data: np.ndarray  # uint8
+    table: np.ndarray
+    height: int
+    width: int
+    bits: int = 16
     fields: dict = field(default_factory=dict, compare=False)
 
 

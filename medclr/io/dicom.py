@@ -25,7 +25,7 @@ from pydicom.pixels import apply_modality_lut, apply_voi_lut, get_decoder, pixel
 
 from medclr.errors import ImageReadError
 from medclr.io import jpeg12
-from medclr.io.device import StoredImage
+from medclr.io.device import Jpeg2000Frame, StoredImage
 from medclr.io.limits import MAX_PIXELS, check_size
 from medclr.io.raster import luminance
 from medclr.io.reduced import DecodedImage, draft_jpeg, j2k_origin, j2k_reduced
@@ -302,19 +302,46 @@ def read_dicom_reduced(path: str | Path, min_side: int | None,
     return _reduced(path, ds, min_side), note
 
 
-def read_dicom_stored(path: str | Path, min_side: int | None,
-                      max_pixels: int = MAX_PIXELS) -> tuple[StoredImage | DecodedImage, str]:
-    """:func:`read_dicom_reduced`, except that an uncompressed greyscale image of 8- or 16-bit integers comes
-    back as its stored values and display table (:class:`~medclr.io.device.StoredImage`) for the model's device
-    to finish; one read of the file either way."""
+def read_dicom_stored(path: str | Path, min_side: int | None, max_pixels: int = MAX_PIXELS,
+                      formats: frozenset[str] = frozenset({"dicom"})) -> tuple[StoredImage | Jpeg2000Frame | DecodedImage, str]:
+    """:func:`read_dicom_reduced`, except that, for the model's device to finish, an uncompressed greyscale image of
+    8- or 16-bit integers comes back as its stored values and display table (:class:`~medclr.io.device.StoredImage`,
+    "dicom" in ``formats``), and a JPEG 2000 one that :func:`j2k_display_table` covers as its codestream and
+    table (:class:`~medclr.io.device.Jpeg2000Frame`, "jpeg2000"); one read of the file either way."""
     path = Path(path)
     ds, note = _checked(path, max_pixels)
     tsyntax = uid.UID(str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "") or ""))
-    if (tsyntax.is_transfer_syntax and not tsyntax.is_encapsulated and "PixelData" in ds
-            and int(ds.get("SamplesPerPixel", 1) or 1) == 1 and int(ds.get("BitsAllocated", 0) or 0) in (8, 16)):
+    grey = ("PixelData" in ds and int(ds.get("SamplesPerPixel", 1) or 1) == 1
+            and int(ds.get("BitsAllocated", 0) or 0) in (8, 16))
+    bits = int(ds.get("BitsStored", 16) or 16)
+    if "dicom" in formats and grey and tsyntax.is_transfer_syntax and not tsyntax.is_encapsulated:
         codes, table = display_table(decode_pixels(path, ds), ds)
-        return StoredImage(codes, table, int(ds.get("BitsStored", 16) or 16), archive_fields(ds)), note
+        return StoredImage(codes, table, bits, archive_fields(ds)), note
+    if "jpeg2000" in formats and grey and (table := j2k_display_table(ds)) is not None:
+        frame = get_frame(ds.PixelData, 0, number_of_frames=_frames(path, ds))
+        return Jpeg2000Frame(np.frombuffer(frame, np.uint8), table, int(ds.Rows), int(ds.Columns), bits,
+                             archive_fields(ds)), note
     return _reduced(path, ds, min_side), note
+
+
+# JPEG 2000 codestreams the device decodes (HTJ2K is left to the CPU: no HTJ2K test file to check it against)
+J2K_SYNTAXES = (uid.JPEG2000Lossless, uid.JPEG2000)
+
+
+def j2k_display_table(ds: pydicom.Dataset) -> np.ndarray | None:
+    """The display value of every code of a single-frame JPEG 2000 greyscale image of unsigned 8- or 16-bit
+    values whose display range comes from its VOI (window or VOI LUT): the table does not depend on the pixels,
+    so it is made before they are decoded. None for any other image (signed values, several frames, a min-max
+    range: the CPU decodes those)."""
+    tsyntax = str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", ""))
+    allocated = int(ds.get("BitsAllocated", 0) or 0)
+    if (tsyntax not in J2K_SYNTAXES or int(ds.get("PixelRepresentation", 0) or 0) != 0 or allocated not in (8, 16)
+            or int(ds.get("NumberOfFrames", 1) or 1) != 1):
+        return None
+    domain = np.arange(1 << allocated, dtype=np.dtype(f"u{allocated // 8}"))
+    if _voi_range(ds, _modality(domain[:1], ds)) is None:
+        return None
+    return _display_values(domain, ds, None)
 
 
 def _reduced(path: Path, ds: pydicom.Dataset, min_side: int | None) -> DecodedImage:
