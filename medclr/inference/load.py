@@ -59,6 +59,9 @@ def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "
         log.warning("checkpoint %s records no SHA-256 of its weights (saved before medclr recorded one): only damage that "
                     "makes a weight NaN or infinite can be detected", src)
     stored = read_prompt_embeddings(src, sha if verify else None)
+    if not text and stored is None:
+        log.info("checkpoint %s stores no prompt embeddings for these weights (trained before medclr stored them, or "
+                 "weights not verified): the text tower is loaded to encode the prompts", src)
     model = DualEncoder.from_pretrained(src, map_location=device, text=text or stored is None)
     check_finite(model, src)
     if model.head.kind != "cosine" and not getattr(model.head, "trained", False):
