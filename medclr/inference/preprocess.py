@@ -144,7 +144,7 @@ def raw_item(image: StoredImage | Jpeg2000Frame | JpegBytes, path: str) -> dict[
     if isinstance(image, JpegBytes):
         return {"kind": "jpeg", "data": torch.from_numpy(image.data), "path": path}
     if isinstance(image, Jpeg2000Frame):
-        return {"kind": "jpeg2000", "data": torch.from_numpy(image.data.copy()), "table": torch.from_numpy(image.table),
+        return {"kind": "jpeg2000", "data": torch.from_numpy(image.data), "table": torch.from_numpy(image.table),
                 "height": image.height, "width": image.width, "path": path}
     # torch has no uint16 arithmetic on every device: the codes cross as int16 and are unwrapped there
     codes = image.codes.view(np.int16) if image.codes.dtype == np.uint16 else image.codes

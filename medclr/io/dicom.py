@@ -319,12 +319,13 @@ def read_dicom_stored(path: str | Path, min_side: int | None, max_pixels: int = 
         return StoredImage(codes, table, bits, archive_fields(ds)), note
     if "jpeg2000" in formats and grey and (table := j2k_display_table(ds)) is not None:
         frame = get_frame(ds.PixelData, 0, number_of_frames=_frames(path, ds))
-        return Jpeg2000Frame(np.frombuffer(frame, np.uint8), table, int(ds.Rows), int(ds.Columns), bits,
+        return Jpeg2000Frame(np.frombuffer(frame, np.uint8).copy(), table, int(ds.Rows), int(ds.Columns), bits,
                              archive_fields(ds)), note
     return _reduced(path, ds, min_side), note
 
 
-# JPEG 2000 codestreams the device decodes (HTJ2K is left to the CPU: no HTJ2K test file to check it against)
+# JPEG 2000 codestreams decoded at reduced size and on the device (HTJ2K is left to the full CPU decode: no HTJ2K
+# test file to check it against)
 J2K_SYNTAXES = (uid.JPEG2000Lossless, uid.JPEG2000)
 
 
@@ -334,14 +335,22 @@ def j2k_display_table(ds: pydicom.Dataset) -> np.ndarray | None:
     so it is made before they are decoded. None for any other image (signed values, several frames, a min-max
     range: the CPU decodes those)."""
     tsyntax = str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", ""))
+    dtype = _voi_ranged_unsigned(ds)
+    if tsyntax not in J2K_SYNTAXES or dtype is None or int(ds.get("NumberOfFrames", 1) or 1) != 1:
+        return None
+    return _display_values(np.arange(1 << (8 * dtype.itemsize), dtype=dtype), ds, None)
+
+
+def _voi_ranged_unsigned(ds: pydicom.Dataset) -> np.dtype | None:
+    """The stored dtype of a greyscale image of unsigned 8- or 16-bit values whose display range comes from its VOI
+    (window or VOI LUT), not from its own min-max: what a decode that sees part of the pixels (reduced) or none of
+    them yet (the device's) needs to display them exactly. None for any other image."""
     allocated = int(ds.get("BitsAllocated", 0) or 0)
-    if (tsyntax not in J2K_SYNTAXES or int(ds.get("PixelRepresentation", 0) or 0) != 0 or allocated not in (8, 16)
-            or int(ds.get("NumberOfFrames", 1) or 1) != 1):
+    if ("PixelData" not in ds or int(ds.get("SamplesPerPixel", 1) or 1) != 1
+            or int(ds.get("PixelRepresentation", 0) or 0) != 0 or allocated not in (8, 16)):
         return None
-    domain = np.arange(1 << allocated, dtype=np.dtype(f"u{allocated // 8}"))
-    if _voi_range(ds, _modality(domain[:1], ds)) is None:
-        return None
-    return _display_values(domain, ds, None)
+    dtype = np.dtype(f"u{allocated // 8}")
+    return dtype if _voi_range(ds, _modality(np.zeros(1, dtype), ds)) is not None else None
 
 
 def _reduced(path: Path, ds: pydicom.Dataset, min_side: int | None) -> DecodedImage:
@@ -362,15 +371,12 @@ def _decode_reduced(path: Path, ds: pydicom.Dataset, min_side: int | None) -> tu
     """(stored values, scale, footprint origin) of the first frame of a greyscale unsigned JPEG 2000 or 8-bit
     JPEG file at a reduced scale; None when this file decodes at full size."""
     tsyntax = str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", ""))
-    bits, allocated = int(ds.get("BitsStored", 0) or 0), int(ds.get("BitsAllocated", 0) or 0)
+    bits = int(ds.get("BitsStored", 0) or 0)
     jpeg = tsyntax in (uid.JPEGBaseline8Bit, uid.JPEGExtended12Bit) and bits == 8
-    if (not (jpeg or tsyntax in (uid.JPEG2000Lossless, uid.JPEG2000)) or "PixelData" not in ds
-            or int(ds.get("SamplesPerPixel", 1) or 1) != 1 or int(ds.get("PixelRepresentation", 0) or 0) != 0
-            or allocated not in (8, 16)):
+    dtype = _voi_ranged_unsigned(ds)  # None when min-max scaled: the full image's range, unseen by a reduced decode
+    if not (jpeg or tsyntax in J2K_SYNTAXES) or dtype is None:
         return None
-    rows, columns, dtype = int(ds.Rows), int(ds.Columns), np.dtype(f"u{allocated // 8}")
-    if _voi_range(ds, _modality(np.zeros(1, dtype), ds)) is None:
-        return None  # min-max scaled: the range is the full image's, which a reduced decode does not see
+    rows, columns = int(ds.Rows), int(ds.Columns)
     frame = get_frame(ds.PixelData, 0, number_of_frames=_frames(path, ds))
     if not jpeg:
         reduced = j2k_reduced(frame, rows, columns, bits, dtype, min_side)

@@ -93,14 +93,14 @@ class DualEncoder(nn.Module):
         }
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], tokenizer: Any = None, load_image_weights: bool = True) -> DualEncoder:
+    def from_config(cls, cfg: Mapping[str, Any], tokenizer: Any = None, load_image_weights: bool = True,
+                    text: bool = True) -> DualEncoder:
         """Rebuild the architecture from :meth:`to_config` (random weights except, when
-        ``load_image_weights``, cached ImageNet weights as the image config asks)."""
+        ``load_image_weights``, cached ImageNet weights as the image config asks); ``text=False``: no text tower."""
         _check_format(cfg)
         image = ImageEncoder.from_config(cfg["image"], load_weights=load_image_weights)
-        text = TextEncoder.from_config(cfg["text"], tokenizer=tokenizer)
         head = build_head(cfg["head"], dim=image.joint_dim)
-        return cls(image, text, head)
+        return cls(image, TextEncoder.from_config(cfg["text"], tokenizer=tokenizer) if text else None, head)
 
     # -- checkpoint directory -----------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
@@ -129,9 +129,8 @@ class DualEncoder(nn.Module):
             # initialisation (a third of a ResNet-50 + BERT load on a CPU): the tensors are made on the target
             # device and left unfilled; the strict check in _fill proves the file fills every one of them.
             with _no_random_init(text), torch.device(map_location):
-                image = ImageEncoder.from_config(cfg["image"], load_weights=False)
-                head = build_head(cfg["head"], dim=image.joint_dim)
-                model = cls(image, _build_text(src, cfg) if text else None, head)
+                model = cls.from_config(cfg, tokenizer=_tokenizer(src) if text else None, load_image_weights=False,
+                                        text=text)
         except (KeyError, TypeError) as exc:
             raise MedclrError(f"checkpoint {str(src / CONFIG_NAME)!r}: incomplete or invalid model config "
                               f"({one_line(exc)})") from exc
@@ -145,9 +144,10 @@ class DualEncoder(nn.Module):
         src = Path(directory)
         device = next(self.image_encoder.parameters()).device
         cfg = _read_config(src)
+        _check_format(cfg)
         with _no_random_init(True), torch.device(device):
             holder = nn.Module()
-            holder.text_encoder = _build_text(src, cfg)
+            holder.text_encoder = TextEncoder.from_config(cfg["text"], tokenizer=_tokenizer(src))
         _fill(holder, src, device, skip=("image_encoder.", "head."))
         if holder.text_encoder.joint_dim != self.joint_dim:
             raise MedclrError(f"checkpoint {str(src)!r}: its text tower's joint dim {holder.text_encoder.joint_dim} "
@@ -155,7 +155,8 @@ class DualEncoder(nn.Module):
         self.text_encoder = holder.text_encoder.to(device).train(self.training)
 
 
-def _read_config(src: Path) -> dict[str, Any]:
+def _read_config(src: Path) -> Any:
+    """config.json, once the weights file beside it is known to exist (from_config checks its format)."""
     cfg_path, w_path = src / CONFIG_NAME, src / WEIGHTS_NAME
     for p in (cfg_path, w_path):
         if not p.is_file():
@@ -164,7 +165,6 @@ def _read_config(src: Path) -> dict[str, Any]:
         cfg = json.loads(cfg_path.read_text())
     except ValueError as exc:
         raise MedclrError(f"checkpoint {str(cfg_path)!r}: not valid JSON ({one_line(exc)})") from exc
-    _check_format(cfg)
     return cfg
 
 
@@ -174,10 +174,9 @@ def _check_format(cfg: Any) -> None:
         raise MedclrError(f"model config: format {got!r}, expected {FORMAT!r}")
 
 
-def _build_text(src: Path, cfg: Mapping[str, Any]) -> TextEncoder:
+def _tokenizer(src: Path) -> Any:
     tok_dir = src / TOKENIZER_DIR
-    tokenizer = load_tokenizer(tok_dir, trust_remote_code=False) if tok_dir.is_dir() else None
-    return TextEncoder.from_config(cfg["text"], tokenizer=tokenizer)
+    return load_tokenizer(tok_dir, trust_remote_code=False) if tok_dir.is_dir() else None
 
 
 def _fill(model: nn.Module, src: Path, device, skip: tuple[str, ...]) -> None:
