@@ -1,7 +1,8 @@
 """Benchmark: how far DCL-eta_LM moves the loss from InfoNCE on a trained checkpoint, per eta choice and anchoring.
 
 DCL-eta_LM matters only where eta changes the per-pair loss. This measures that on a trained checkpoint:
-N training rows (seeded), one sentence each (drawn uniformly, as a training step draws it), in batches
+N training rows (seeded; studies drawn uniformly, or with --draw sampler as the eta table's training
+sampler draws them), one sentence each (as a training step draws it), in batches
 of B; images in the checkpoint's deterministic view (resize, centre crop); similarities as the training
 loop scores them (head.score on head.image_side, i.e. score_blocks in one process). Per pair, the
 per-pair loss of medclr.losses (the rows build_loss(...) averages; the batch means are checked against
@@ -10,7 +11,9 @@ the table's own (the label-free meaning calibration of medclr.lm.eta_fit by defa
 the paper's a, k, the sentence power law fitted in linear space and the exact-string log-space fit (the
 earlier default); and on a phantom, rho_sent of the drawn sentence
 (the oracle, medclr.phantom.sentence_keys) as a reference. InfoNCE's batch loss is reported beside
-(below ~3.0 at B = 64 the model tells its negatives apart, and eta can matter).
+(below ~3.0 at B = 64 the model tells its negatives apart, and eta can matter), and the batches' own floor
+(medclr.phantom.sentence_keys.false_negative_floor: log of how many images of its batch a drawn sentence is
+true of, the least loss a model reaches when it cannot tell those images apart).
 
     python bench/bench_eta_fit.py --manifest M --eta eta.parquet --checkpoint CKPT_DIR [--n 512 --batch 64]
 
@@ -39,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tau", type=float, default=0.07)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--draw", choices=("uniform", "sampler"), default="uniform",
+                    help="studies: uniform (default) or as the eta table's training sampler draws them (its "
+                         "study_sampling, e.g. finding-balanced); sentences within a study always as the sampler")
     args = ap.parse_args(argv)
 
     import torch
@@ -68,25 +74,35 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = np.random.default_rng(args.seed)
     train = manifest[(manifest["split"] == "train") & (manifest["sentences"].map(len) > 0)]
-    rows = train.iloc[np.sort(rng.choice(len(train), size=min(args.n, len(train)), replace=False))]
     # the sampling the eta table was calibrated for (its fit's record; uniform for older tables): sentences are
     # drawn and rho_sent counted as that training draws them
     from medclr.data.pairs import pair_probabilities
     from medclr.lm.eta_fit import SAMPLING_DEFAULTS
 
     sampling = {**SAMPLING_DEFAULTS, **(meta.get("eta_params", {}).get("fit", {}).get("sampling") or {})}
+    if args.draw == "sampler":  # studies as that training draws them (e.g. finding-balanced), with replacement
+        study_p = np.array([p.sum() for p in pair_probabilities([list(x) for x in train["sentences"]], **sampling)])
+        rows = train.iloc[rng.choice(len(train), size=args.n, replace=True, p=study_p / study_p.sum())]
+    else:
+        rows = train.iloc[np.sort(rng.choice(len(train), size=min(args.n, len(train)), replace=False))]
     within = pair_probabilities([list(x) for x in rows["sentences"]], **sampling)
     sentences = [s[int(rng.choice(len(s), p=w / w.sum()))] for s, w in zip(rows["sentences"], within)]
     hashes = [sentence_hash(s) for s in sentences]
     pll, n_scored = tab["pll"].reindex(hashes).to_numpy(), tab["n_scored"].reindex(hashes).to_numpy()
     etas = {name: eta_from_pll(pll, n_scored, a=a, k=k, norm=norm) for name, (a, k) in choices.items() if name != "table"}
     etas["table"] = tab["eta"].reindex(hashes).to_numpy(dtype=np.float64)
-    from medclr.phantom.sentence_keys import rho_sent, sentence_key
+    from medclr.phantom.sentence_keys import false_negative_floor, rho_sent, sentence_key
 
     keys = [[sentence_key(x) for x in row] for row in train["sentences"]]
     rho_rows = rho_sent([list(x) for x in train["sentences"]], **sampling)
     rho = {k: float(v) for ks, vs in zip(keys, rho_rows) for k, v in zip(ks, vs)}
     etas["rho_sent"] = np.array([rho[sentence_key(x)] for x in sentences])  # the oracle (loss.eta_source=true)
+    # how low these batches' InfoNCE loss can go at all: a sentence true of several images of its batch
+    report_keys = [frozenset(sentence_key(x) for x in row) for row in rows["sentences"]]
+    drawn_keys = [sentence_key(x) for x in sentences]
+    floor = np.concatenate([false_negative_floor(drawn_keys[b:b + args.batch], list(rows["latent_class"][b:b + args.batch]),
+                                                 report_keys[b:b + args.batch])
+                            for b in range(0, len(rows) - args.batch + 1, args.batch)])
     choices["rho_sent"] = (None, None)  # no a, k: JSON null
     root = Path(manifest.attrs.get("root", "") or "")
     paths = [str(root / p) for p in rows["image_path"]]
@@ -119,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                     batch_means[name, an].append((value, base))
     context = {"checkpoint": str(args.checkpoint), "eta_table": str(args.eta),
                "pairs": sum(len(d) for d in per_pair["paper", "text"]), "batch": args.batch, "tau": args.tau,
-               "seed": args.seed, "head": head.kind}
+               "seed": args.seed, "head": head.kind, "draw": args.draw}
+    print(json.dumps({"bench": "eta_fit", "metric": "batch_loss_floor", "value": float(floor.mean()), "unit": "nat",
+                      "eta": None, "anchor": "text", "a": None, "k": None, **context}))
     for (name, an), diffs in per_pair.items():
         a, k = choices[name]
         d = np.concatenate(diffs)

@@ -101,3 +101,32 @@ def test_training_oracle_is_rho_sent_of_the_drawn_sentence(reports):
     assert any(len(set(g.tolist())) > 1 for g in got)  # sentences of one study differ
     prior = _eta_study_prior(rows, "m.parquet")
     assert [p.tolist() for p in prior[:2]] == [[np.float32(0.01)], [np.float32(rows["latent_class_prob"][1])]]
+
+
+def test_key_holds_reads_polarity_side_and_normal():
+    from medclr.phantom.sentence_keys import NORMAL_KEY, key_holds
+
+    assert key_holds("+pleural_effusion:left", "cardiomegaly|pleural_effusion:left")
+    assert key_holds("+pleural_effusion:left", "pleural_effusion:bilateral")  # bilateral has a left effusion
+    assert not key_holds("+pleural_effusion:left", "pleural_effusion:right")
+    assert key_holds("+pneumothorax", "pneumothorax:right")  # a short form states no side
+    assert not key_holds("+cardiomegaly|edema", "cardiomegaly")  # every asserted finding must be there
+    assert key_holds("-pneumothorax", "normal") and key_holds("-pneumothorax", "cardiomegaly")
+    assert not key_holds("-pleural_effusion|pneumothorax", "pneumothorax:right")
+    assert key_holds(NORMAL_KEY, "normal")
+    assert not key_holds(NORMAL_KEY, "edema")
+    assert key_holds(NORMAL_KEY, "cardiomegaly", frozenset({NORMAL_KEY, "+cardiomegaly"}))
+
+
+def test_false_negative_floor_counts_the_images_a_sentence_is_true_of():
+    from medclr.phantom.sentence_keys import false_negative_floor
+
+    keys = ["-pneumothorax", "+pneumothorax:right", "+cardiomegaly", "normal"]
+    classes = ["normal", "pneumothorax:right", "cardiomegaly", "normal"]
+    reports = [frozenset({"normal", "-pneumothorax"}), frozenset({"+pneumothorax:right"}),
+               frozenset({"+cardiomegaly", "-pneumothorax"}), frozenset({"normal"})]
+    # "No pneumothorax" is true of studies 0, 2, 3; the pneumothorax and cardiomegaly sentences of their own
+    # study only; "normal" of studies 0 and 3 (normal) and not 1 or 2 (findings, no normal sentence)
+    np.testing.assert_allclose(false_negative_floor(keys, classes, reports), np.log([3, 1, 1, 2]))
+    # a sentence that the matcher keys as false of its own study still counts its own image (the positive)
+    assert false_negative_floor(["+edema"], ["normal"], [frozenset()])[0] == 0.0

@@ -12,7 +12,8 @@ filed every sentence of its banks (``medclr.phantom.reports.build_banks``, ``med
 
 So a composed report's sentence gets the key of the bank it was drawn from, and an Open-i sentence the
 key the same matcher gives it. :func:`rho_sent` turns keys into the oracle's eta with the training
-sampler's own draw probabilities (``medclr.data.pairs``).
+sampler's own draw probabilities (``medclr.data.pairs``); :func:`key_holds` says whether a sentence's
+statement is true of a study (its false negatives in a batch).
 """
 
 from __future__ import annotations
@@ -45,3 +46,37 @@ def rho_sent(sentences: list[list[str]], **sampling) -> list[np.ndarray]:
     ``study_balance``)."""
     keys = [[sentence_key(s) for s in row] for row in sentences]
     return key_frequency(keys, pair_probabilities(sentences, **sampling))
+
+
+def key_holds(key: str, latent_class: str, report_keys: frozenset[str] = frozenset()) -> bool:
+    """Whether the statement of a sentence with ``key`` is true of a study with ``latent_class``
+    (``medclr.phantom.vocab.latent_class``) and ``report_keys`` (the keys of its own report's sentences).
+
+    A "+" key holds when the study has every finding it asserts (a stated side must match, or the study's is
+    bilateral); a "-" key when the study has none of the findings it negates; ``normal`` (the lungs are
+    clear, no acute process) when the study is normal or its own report says a normal statement: that
+    key names no finding, so the study's report is the only ground truth there is for it."""
+    if key == NORMAL_KEY:
+        return latent_class == V.NORMAL or NORMAL_KEY in report_keys
+    tokens = set() if latent_class == V.NORMAL else set(latent_class.split("|"))
+    names = {t.split(":")[0] for t in tokens}
+    items = key[1:].split("|")
+    if key.startswith("-"):
+        return not names.intersection(items)
+    for item in items:
+        name, _, side = item.partition(":")
+        if not (item in tokens or (not side and name in names) or (side and f"{name}:bilateral" in tokens)):
+            return False
+    return True
+
+
+def false_negative_floor(keys: list[str], latent_classes: list[str], report_keys: list[frozenset[str]]) -> np.ndarray:
+    """Per text anchor of one batch (row i pairs sentence key i with study i), the lowest text-anchored
+    InfoNCE loss a model can reach when it cannot tell apart the images its sentence is equally true of:
+    log of how many images of the batch the statement holds for (its own always counted). A uniform batch
+    full of normal studies has a high floor that no training removes; DCL's eta is the correction for it."""
+    n = len(keys)
+    counts = np.ones(n)
+    for i, key in enumerate(keys):
+        counts[i] += sum(key_holds(key, latent_classes[j], report_keys[j]) for j in range(n) if j != i)
+    return np.log(counts)
