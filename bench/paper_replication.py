@@ -10,14 +10,15 @@ grounding CNR/mIoU, box-sentence retrieval Recall/MedR). InfoNCE is anchored on 
   DCL-eta_LM >= the best constant eta (AUC, CNR, mIoU, Recall); DCL-eta_True >= DCL-eta_LM >= InfoNCE;
   NUCLR >= SogCLR on retrieval; NUCLR's zeta rank-correlates with the true frequency of its sentence;
 * how far eta moves the loss on a model that has learned: the mean per-pair |loss(DCL-eta_LM) -
-  loss(InfoNCE)| on the InfoNCE run's own training batches, with the InfoNCE batch loss there;
+  loss(InfoNCE)| on the InfoNCE run's batches (drawn as training draws them, and uniformly), with the
+  InfoNCE batch loss there and the batches' false-negative floor;
 * the eta trade-off of the debiasing paper's Fig. 3 (constant-eta DCL against eta);
 * optionally the class-imbalance sweep of its Fig. 2 (--sweep-r);
 * eta_LM against rho_sent, the class probability it estimates (`medclr lm calibrate`).
 
 Presets (budgets where models learn: InfoNCE's batch loss falls below 3.0 at batch 64):
 
-    python bench/paper_replication.py --preset cpu           # 2 cores: InfoNCE, DCL-eta_LM, DCL-eta_True, 1 seed
+    python bench/paper_replication.py --preset cpu           # 2 cores: InfoNCE, DCL-eta_LM, DCL-eta_True, 1 seed, ~2.5 h
     python bench/paper_replication.py --preset gpu           # one GPU: 7 methods x 3 seeds side by side
     python bench/paper_replication.py --preset gpu --dry-run # the same pipeline at toy size, minutes on a CPU
 
@@ -74,12 +75,11 @@ DCL_ETAS = {"DCL eta=0.01": 0.01, "DCL eta=0.05": 0.05, "DCL eta=0.1": 0.1, "DCL
 CLAIM_METHODS = [m for m in METHODS if m not in ("DeCL", "t-InfoNCE", "NUCLR (paper zeta step)", "NUCLR (study zeta)")]
 
 PRESETS = {
-    # 2 CPU cores, about two hours: the cpu_zeroshot recipe (cpu_small's model: ResNet-18 to layer3 at 64 px,
-    # LSE+NL on an 8x8 grid; finding-balanced study draws, short forms, the rule hard-negative term) at batch
-    # 64 for 400 steps (what fits about two hours on this machine's 2 cores without bf16: ~11 pairs/s a run),
-    # the three methods that test eta and NUCLR keyed by sentence and by study, one seed, two or three runs at
-    # a time with one thread each (docs/RESULTS.md has the measured time).
-    "cpu": {"n": 3000, "eval_per_class": 250, "seeds": [0], "steps": 400, "workers": 2, "threads": 1, "sweep_r": [],
+    # 2 CPU cores: the cpu_zeroshot recipe (cpu_small's model: ResNet-18 to layer3 at 64 px, LSE+NL on an 8x8
+    # grid; finding-balanced study draws, short forms, the rule hard-negative term) at batch 64 for its own
+    # 1,000 steps, where InfoNCE's training-batch loss reaches ~3.0 (docs/RESULTS.md), the three methods that
+    # test eta, one seed, one run at a time on both cores: ~45-50 minutes a run in float32, about 2.5 hours.
+    "cpu": {"n": 3000, "eval_per_class": 250, "seeds": [0], "steps": 1000, "workers": 1, "threads": 2, "sweep_r": [],
             "sweep_methods": [], "sweep_seeds": [0], "methods": ["InfoNCE", "DCL-eta_LM", "DCL-eta_True"],
             "eta_sampling": ["--sentence-sampling", "findings", "--study-sampling", "findings", "--study-balance", "1"],
             "train": ["preset=cpu_zeroshot", "ckpt.every={steps}", "val.every=null", "data.cache=disk",
@@ -103,6 +103,7 @@ PRESETS = {
 DRY_RUN = {"n": 240, "eval_per_class": 10, "steps": 6, "workers": 2, "threads": 1,
            "extra_train": ["train.batch_size=16", "data.resize=36", "data.crop=32", "train.device=cpu"]}
 METRICS = list(SUMMARY_KEYS)
+DRAWS = ("sampler", "uniform")  # bench_eta_fit --draw: studies as training draws them, or uniformly
 READING_MARK = "<!-- reading: kept when the script rewrites this file -->"
 
 
@@ -254,13 +255,17 @@ def nuclr_popularity(runs: list[Path]) -> dict:
 
 
 def loss_effect(work: Path, run: Path, cfg: dict) -> list[dict]:
-    """bench/bench_eta_fit.py on a trained run: how far each eta moves the per-pair loss from InfoNCE."""
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_eta_fit.py"), "--manifest",
-                          str(work / "manifest.parquet"), "--eta", str(eta_path(work, cfg)), "--checkpoint", str(run),
-                          "--n", "1024", "--batch", "64"], capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"bench_eta_fit on {run} failed: {out.stderr.strip().splitlines()[-1:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    """bench/bench_eta_fit.py on a trained run: how far each eta moves the per-pair loss from InfoNCE, on
+    batches drawn as training draws them and on uniformly drawn studies."""
+    effect = []
+    for draw in DRAWS:
+        out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_eta_fit.py"), "--manifest",
+                              str(work / "manifest.parquet"), "--eta", str(eta_path(work, cfg)), "--checkpoint",
+                              str(run), "--n", "1024", "--batch", "64", "--draw", draw], capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"bench_eta_fit on {run} failed: {out.stderr.strip().splitlines()[-1:]}")
+        effect += [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return effect
 
 
 def eta_path(work: Path, cfg: dict) -> Path:
@@ -490,19 +495,26 @@ def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.Dat
     if cfg["sweep_r"]:
         lines += imbalance_section(sweep, cfg["sweep_seeds"])
     if effect:
-        by = {(e["metric"], e["eta"], e["anchor"]): e["value"] for e in effect}
+        by = {(e["metric"], e["eta"], e["anchor"], e["draw"]): e["value"] for e in effect}
         lines += ["## How far eta moves the loss on the trained InfoNCE model", "",
                   f"`bench/bench_eta_fit.py` on the InfoNCE run (seed {cfg['seeds'][0]}): {effect[0]['pairs']} training "
-                  f"pairs in batches of {effect[0]['batch']}, tau {effect[0]['tau']}; InfoNCE's batch loss there "
-                  f"{by[('batch_loss_infonce', 'paper', 'text')]:.3f} (text-anchored), "
-                  f"{by[('batch_loss_infonce', 'paper', 'symmetric')]:.3f} (symmetric).", "",
-                  "| eta | anchor | mean eta | mean per-pair abs(loss(DCL-eta) - loss(InfoNCE)) (nat) | pairs moved > 0.01 |",
-                  "|---|---|---|---|---|"]
-        for name in dict.fromkeys(e["eta"] for e in effect):
-            for an in ("text", "symmetric"):
-                lines.append(f"| {name} | {an} | {by[('eta_mean', name, an)]:.4f} | "
-                             f"{by[('mean_abs_loss_diff_per_pair', name, an)]:.4f} | "
-                             f"{by[('pairs_abs_diff_over_0.01', name, an)]:.2f} |")
+                  f"pairs in batches of {effect[0]['batch']}, tau {effect[0]['tau']}, drawn two ways: studies as "
+                  "training draws them (`--draw sampler`: the preset's finding-balanced study draws) and uniformly "
+                  "(`--draw uniform`: more look-alike normal reports). InfoNCE's text-anchored batch loss there "
+                  f"{by[('batch_loss_infonce', 'paper', 'text', 'sampler')]:.3f} (sampler draws) and "
+                  f"{by[('batch_loss_infonce', 'paper', 'text', 'uniform')]:.3f} (uniform draws), against the "
+                  f"batches' false-negative floor {by[('batch_loss_floor', None, 'text', 'sampler')]:.3f} and "
+                  f"{by[('batch_loss_floor', None, 'text', 'uniform')]:.3f} (log of how many images of its batch the "
+                  "drawn sentence is true of: the least loss a model reaches that cannot tell those images apart).", "",
+                  "| eta | mean eta | mean per-pair abs(loss(DCL-eta) - loss(InfoNCE)) (nat), text anchor: sampler draws "
+                  "| uniform draws | symmetric, sampler draws | pairs moved > 0.01, text, sampler draws |",
+                  "|---|---|---|---|---|---|"]
+        for name in dict.fromkeys(e["eta"] for e in effect if e["eta"] is not None):
+            lines.append(f"| {name} | {by[('eta_mean', name, 'text', 'sampler')]:.4f} | "
+                         f"{by[('mean_abs_loss_diff_per_pair', name, 'text', 'sampler')]:.4f} | "
+                         f"{by[('mean_abs_loss_diff_per_pair', name, 'text', 'uniform')]:.4f} | "
+                         f"{by[('mean_abs_loss_diff_per_pair', name, 'symmetric', 'sampler')]:.4f} | "
+                         f"{by[('pairs_abs_diff_over_0.01', name, 'text', 'sampler')]:.2f} |")
         lines.append("")
     if pops:
         lines += ["## NUCLR popularity against the true frequency (its Fig. 5)", "",
@@ -559,10 +571,10 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None, help="cache of data and runs (default /tmp/medclr_replication_PRESET)")
     ap.add_argument("--docs", type=Path, default=REPO / "docs", help="where RESULTS.md and img/ go")
     ap.add_argument("--methods", default=None, help="comma-separated subset of: " + ", ".join(METHODS))
-    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (cpu: 0; gpu: 0,1,2)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per run (overrides the preset)")
-    ap.add_argument("--workers", type=int, default=None, help="runs at a time (cpu: 2, one thread each; gpu: 21)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads a run (default 1: the runs share the cores)")
+    ap.add_argument("--workers", type=int, default=None, help="runs at a time (cpu: 1 on both cores; gpu: 21)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads a run (cpu: 2; gpu: 1, the runs share the cores)")
     ap.add_argument("--sweep-r", default=None,
                     help="comma-separated fractions r of the imbalance sweep (none by default; e.g. 0.5,0.2,0.1,0.05); "
                          "'none' skips the sweep")
@@ -638,8 +650,8 @@ def main() -> int:
         print(json.dumps({"claim": v["claim"], "metric": v["metric"], "diff": v["mean"], "ci_low": v["ci_low"],
                           "ci_high": v["ci_high"], "verdict": v["verdict"]}))
     for e in effect:
-        if e["metric"] in ("mean_abs_loss_diff_per_pair", "batch_loss_infonce"):
-            print(json.dumps({k: e[k] for k in ("metric", "eta", "anchor", "value")}))
+        if e["metric"] in ("mean_abs_loss_diff_per_pair", "batch_loss_infonce", "batch_loss_floor"):
+            print(json.dumps({k: e[k] for k in ("metric", "eta", "anchor", "draw", "value")}))
     print(json.dumps({"results": str(docs / "RESULTS.md"), "runs": len(all_rows), "wall_minutes": round(wall, 1)}))
     return 0
 
