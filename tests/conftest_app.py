@@ -48,16 +48,17 @@ def rg1_path(name: str = "RG1_UNCI.dcm") -> str:
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import BertTokenizerFast
 
-    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tk.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=200, min_frequency=1,
-                                        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
-    tk.train_from_iterator(SENTENCES * 4, trainer)
+    # the vocabulary by hand: every word of SENTENCES whole, and its characters for other words. The WordPiece
+    # trainer breaks ties in hash-map order, a different vocabulary (and test model) in every process.
+    normalizer, pre = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    words = sorted({w for s in SENTENCES for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(s))})
+    chars = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz0123456789"))
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(dict.fromkeys(words + chars)) + [f"##{c}" for c in chars]
+    tk = Tokenizer(models.WordPiece(vocab={t: i for i, t in enumerate(tokens)}, unk_token="[UNK]"))
+    tk.normalizer, tk.pre_tokenizer, tk.decoder = normalizer, pre, decoders.WordPiece()
     cls_id, sep_id = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")
     tk.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",

@@ -110,14 +110,18 @@ def test_scorer_notes_an_unvalidated_checkpoint(engine, tmp_path):  # noqa: F811
 
 def test_a_phrase_the_model_does_not_find_gets_no_colours(engine, index_dir):  # noqa: F811
     """Whatever this (random) model says, the rule holds: where the phrase's negation outscores it, the film is
-    returned as it was read (no overlay) and the legend says why; where the phrase wins, colours are painted."""
+    returned as it was read (no overlay) and the legend says why; where the phrase wins, colours are painted.
+    Each phrase is asked with its negation too: of "X" and "No X" the model finds exactly one, so the absent
+    branch is exercised whichever way this model's (tokenizer-dependent) scores fall."""
     from medclr.app import render
     from medclr.app.service import AppService
+    from medclr.data.hard_negatives import negate
 
     service = AppService(engine, None)
     plain = render.to_uint8(service.upload(rg1_path()).display)
     phrases = ["pleural effusion", "pneumothorax", "cardiomegaly", "pulmonary edema", "pneumonia", "consolidation",
                "atelectasis", "a nodule", "opacity", "large left pleural effusion"]
+    phrases += [negate(p) for p in phrases]
     seen = set()
     for phrase in phrases:
         evidence = engine.phrase_evidence(rg1_path(), phrase)
