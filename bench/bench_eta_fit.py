@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     # how low these batches' InfoNCE loss can go at all: a sentence true of several images of its batch
     report_keys = [frozenset(sentence_key(x) for x in row) for row in rows["sentences"]]
     drawn_keys = [sentence_key(x) for x in sentences]
-    floor = np.concatenate([false_negative_floor(drawn_keys[b:b + args.batch], list(rows["latent_class"][b:b + args.batch]),
+    floor = np.concatenate([false_negative_floor(drawn_keys[b:b + args.batch], list(rows["latent_class"].iloc[b:b + args.batch]),
                                                  report_keys[b:b + args.batch])
                             for b in range(0, len(rows) - args.batch + 1, args.batch)])
     choices["rho_sent"] = (None, None)  # no a, k: JSON null

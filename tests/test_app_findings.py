@@ -112,7 +112,7 @@ def test_a_phrase_the_model_does_not_find_gets_no_colours(engine, index_dir):  #
     """Whatever this (random) model says, the rule holds: where the phrase's negation outscores it, the film is
     returned as it was read (no overlay) and the legend says why; where the phrase wins, colours are painted.
     Each phrase is asked with its negation too: of "X" and "No X" the model finds exactly one, so the absent
-    branch is exercised whichever way this model's (tokenizer-dependent) scores fall."""
+    branch is exercised whichever way a random model's scores fall."""
     from medclr.app import render
     from medclr.app.service import AppService
     from medclr.data.hard_negatives import negate
