@@ -1,30 +1,37 @@
-"""The papers' claims, tested on CXR-Phantom: writes docs/RESULTS.md and docs/img/results_*.png.
+"""The papers' claims on CXR-Phantom, decided over seeds: a campaign that outlives any one sitting.
 
-Every method trains through the LSE+NL head (the debiasing paper's setup) under the same budget (same
-steps, batch, image size, data, LM and eta table; only the loss differs), and is evaluated on the
-phantom's test split with `medclr eval` (CheX5 zero-shot AUC/ACC with the paper's prompts, MS-CXR-format
-grounding CNR/mIoU, box-sentence retrieval Recall/MedR). InfoNCE is anchored on the text like DCL
-(InfoNCE = DCL with eta = 0), so a difference between them isolates eta. Then:
+Every method trains through the LSE+NL head (the debiasing paper's setup) under one budget (same steps,
+batch, image size, data and LM; only the loss and its eta differ) and is evaluated on the phantom's test
+split with `medclr eval` (CheX5 zero-shot AUC with the paper's prompts, MS-CXR-format grounding CNR/mIoU,
+box-sentence retrieval Recall/MedR). InfoNCE is anchored on the text like DCL (InfoNCE = DCL with eta = 0).
 
-* the claims, each as a paired difference over seeds with a Student-t 95 % CI and a verdict:
-  DCL-eta_LM >= the best constant eta (AUC, CNR, mIoU, Recall); DCL-eta_True >= DCL-eta_LM >= InfoNCE;
-  NUCLR >= SogCLR on retrieval; NUCLR's zeta rank-correlates with the true frequency of its sentence;
-* how far eta moves the loss on a model that has learned: the mean per-pair |loss(DCL-eta_LM) -
-  loss(InfoNCE)| on the InfoNCE run's batches (drawn as training draws them, and uniformly), with the
-  InfoNCE batch loss there and the batches' false-negative floor;
-* the eta trade-off of the debiasing paper's Fig. 3 (constant-eta DCL against eta);
-* optionally the class-imbalance sweep of its Fig. 2 (--sweep-r);
-* eta_LM against rho_sent, the class probability it estimates (`medclr lm calibrate`).
+The methods as the papers define them:
 
-Presets (budgets where models learn: InfoNCE's batch loss falls below 3.0 at batch 64):
+* DCL-eta_LM: the debiasing paper's eta = min(a * p_LM(x)^k, eta_max) from the domain LM's
+  pseudo-log-likelihood, a = 0.2, k = 0.35 (`medclr lm score --eta-fit paper`); --eta-grid adds the
+  paper's alternative, a small (a, k) grid trained and chosen on the validation split;
+* DCL-eta_True: DCL's oracle, the false-negative rate q of the sentence a step shows (the probability
+  that a negative image, drawn as the run's sampler draws, is one the sentence is true of);
+* DCL eta=C: constant eta; the better of 0.05 and 0.1 is chosen per metric on the validation split;
+* NUCLR (learned popularity zeta) against SogCLR (zeta = 0);
+* DCL-eta_rule: medclr's own eta (`--eta-fit meaning`: the frequency of the sentence's rule-read
+  meaning key), beside the paper's, never under its name.
 
-    python bench/paper_replication.py --preset cpu           # 2 cores: InfoNCE, DCL-eta_LM, DCL-eta_True, 1 seed, ~2.5 h
-    python bench/paper_replication.py --preset gpu           # one GPU: 7 methods x 3 seeds side by side
-    python bench/paper_replication.py --preset gpu --dry-run # the same pipeline at toy size, minutes on a CPU
+The plan (preset `cpu`), in priority order, three seeds each: P1 InfoNCE, DCL-eta_LM, DCL eta=0.05 and
+0.1; P2 DCL-eta_True; P3 NUCLR and SogCLR; P4 DCL-eta_rule. On 2 CPU cores every run is fine-tuned from
+one shared warm start (InfoNCE, the cpu_zeroshot recipe, `warm_steps` steps, trained once), as the paper
+fine-tunes from pretrained encoders: the whole plan costs about a third of training each run from scratch.
+Runs go one at a time; each checkpoints every tenth of itself, so a run stopped mid-way resumes with at
+most a tenth lost (resume is exact). Each finished run's metrics (a small JSON, never weights) go to
+docs/replication/PRESET/runs/, and docs/RESULTS.md is rebuilt from what is there: commit them, and the
+next start skips what is done. The plan's status (done / partial / missing) is printed at the start and
+the end; each claim gets its verdict as soon as its runs exist.
 
-Runs go `workers` at a time as `medclr` subprocesses (logs under WORK/logs). Each run's output is
-cached under WORK: a killed replication resumes where it stopped (a run interrupted mid-training is
-retrained). One JSON line per run on stdout, then one per claim.
+    python bench/paper_replication.py --preset cpu --status   # the plan, each run done / partial / missing
+    python bench/paper_replication.py --preset cpu            # work through the plan (hours; resumable)
+    python bench/paper_replication.py --preset cpu --report   # rebuild RESULTS.md from the committed metrics
+    python bench/paper_replication.py --preset gpu            # one GPU: every method x 3 seeds side by side
+    python bench/paper_replication.py --preset tiny --docs D  # the whole pipeline at toy size (the test)
 """
 
 from __future__ import annotations
@@ -32,13 +39,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import shutil
 import subprocess
 import sys
 import time
 from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,61 +56,73 @@ sys.path.insert(0, str(REPO))
 from medclr.cli import main as medclr_main  # noqa: E402
 from medclr.evaluation.report import SUMMARY_KEYS  # noqa: E402
 from medclr.evaluation.seeds import paired_difference, pooled  # noqa: E402
-from medclr.jobs.demo import plan as demo_plan  # noqa: E402  (the demo's data steps: phantom, manifest, LM, eta)
-from medclr.phantom.vocab import EVAL_PER_CLASS  # noqa: E402  (the evaluation sets: the test split)
+from medclr.jobs.demo import plan as demo_plan  # noqa: E402  (the demo's data steps: phantom, manifest, LM, PLLs)
 
-# label -> (training config, extra overrides). Constant-eta DCL labels carry their eta for the curve.
+# label -> (training config, extra overrides, eta table or None). Constant-eta DCL labels carry their eta.
 METHODS = {
-    "InfoNCE": ("infonce", ["loss.anchor=text"]),
-    "DCL eta=0.01": ("dcl", ["loss.eta=0.01"]),
-    "DCL eta=0.05": ("dcl", ["loss.eta=0.05"]),
-    "DCL eta=0.1": ("dcl", ["loss.eta=0.1"]),
-    "DCL eta=0.2": ("dcl", ["loss.eta=0.2"]),
-    "DCL-eta_LM": ("dcl_lm", []),
-    "DCL-eta_True": ("dcl_true", []),
-    "SogCLR": ("sogclr", []),
-    "NUCLR": ("nuclr", []),
-    # the two earlier forms of NUCLR's zeta: the uncentred step (the paper's), and zeta_txt keyed by the study
-    "NUCLR (paper zeta step)": ("nuclr", ["loss.zeta_step=paper"]),
-    "NUCLR (study zeta)": ("nuclr", ["loss.zeta_key=study", "loss.zeta_step=paper"]),
-    "DeCL": ("decl", []),
-    "t-InfoNCE": ("t_infonce", []),
+    "InfoNCE": ("infonce", ["loss.anchor=text"], None),
+    "DCL eta=0.05": ("dcl", ["loss.eta=0.05"], None),
+    "DCL eta=0.1": ("dcl", ["loss.eta=0.1"], None),
+    "DCL-eta_LM": ("dcl_lm", [], "paper"),
+    "DCL-eta_True": ("dcl_true", [], None),
+    "SogCLR": ("sogclr", [], None),
+    "NUCLR": ("nuclr", [], None),
+    "DCL-eta_rule": ("dcl_lm", [], "rule"),
+    "DeCL": ("decl", [], None),
+    "t-InfoNCE": ("t_infonce", [], None),
 }
-DCL_ETAS = {"DCL eta=0.01": 0.01, "DCL eta=0.05": 0.05, "DCL eta=0.1": 0.1, "DCL eta=0.2": 0.2}
-# The methods the papers' claims are about; DeCL and t-InfoNCE are baselines no claim names.
-CLAIM_METHODS = [m for m in METHODS if m not in ("DeCL", "t-InfoNCE", "NUCLR (paper zeta step)", "NUCLR (study zeta)")]
+DCL_ETAS = {"DCL eta=0.05": 0.05, "DCL eta=0.1": 0.1}
+# The eta tables, from the demo's PLLs: the paper's a, k, and medclr's rule-key calibration.
+ETA_TABLES = {"paper": ["--eta-fit", "paper"], "rule": ["--eta-fit", "meaning"]}
+# (priority, methods): the order the campaign works in.
+PLAN = [("P1", ["InfoNCE", "DCL-eta_LM", "DCL eta=0.05", "DCL eta=0.1"]), ("P2", ["DCL-eta_True"]),
+        ("P3", ["NUCLR", "SogCLR"]), ("P4", ["DCL-eta_rule"])]
+# The paper's alternative to its published a, k (--eta-grid): a small grid around them, chosen on validation.
+ETA_GRID = [(0.2, 0.35), (0.5, 0.1), (0.5, 0.05), (0.2, 0.05)]
 
+_CPU_TRAIN = ["preset=cpu_zeroshot", "val.every=null", "data.cache=disk", "data.cache_dir={work}/image_cache",
+              "data.cache_workers=1"]
 PRESETS = {
-    # 2 CPU cores: the cpu_zeroshot recipe (cpu_small's model: ResNet-18 to layer3 at 64 px, LSE+NL on an 8x8
-    # grid; finding-balanced study draws, short forms, the rule hard-negative term) at batch 64 for its own
-    # 1,000 steps, where InfoNCE's training-batch loss reaches ~3.0 (docs/RESULTS.md), the three methods that
-    # test eta, one seed, one run at a time on both cores: ~45-50 minutes a run in float32, about 2.5 hours.
-    "cpu": {"n": 3000, "eval_per_class": 250, "seeds": [0], "steps": 1000, "workers": 1, "threads": 2, "sweep_r": [],
-            "sweep_methods": [], "sweep_seeds": [0], "methods": ["InfoNCE", "DCL-eta_LM", "DCL-eta_True"],
-            "eta_sampling": ["--sentence-sampling", "findings", "--study-sampling", "findings", "--study-balance", "1"],
-            "train": ["preset=cpu_zeroshot", "ckpt.every={steps}", "val.every=null", "data.cache=disk",
-                      "data.cache_dir={work}/image_cache", "data.cache_workers=1"],
-            "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "200", "--no-figures"]},
-    # One GPU (sized for an H100 with 16 cores): the gpu_small recipe (docs/training.md: CNR 1.39, Recall
-    # 0.19 over 3 seeds at 2,500 steps), 7 methods x 3 seeds, all 21 runs side by side (the models are
-    # small: the GPU is fed by 21 processes at 1 loader thread each, the phantom's images cached once on
-    # disk and shared). Not yet run on a GPU: its wall time is unmeasured.
-    "gpu": {"n": 3000, "eval_per_class": 250, "seeds": [0, 1, 2], "steps": 2500, "workers": 21, "threads": 1,
-            "sweep_r": [], "sweep_methods": ["InfoNCE", "DCL eta=0.1", "DCL-eta_LM", "DCL-eta_True", "NUCLR"],
-            "sweep_seeds": [0, 1, 2],
-            "methods": ["InfoNCE", "DCL eta=0.05", "DCL eta=0.1", "DCL-eta_LM", "DCL-eta_True", "SogCLR", "NUCLR"],
-            "eta_sampling": ["--sentence-sampling", "findings"],
-            "train": ["preset=gpu_small", "log.every=50", "ckpt.every={steps}", "val.every=null", "data.cache=disk",
+    # 2 CPU cores: the cpu_zeroshot recipe (ResNet-18 to layer3 at 64 px, LSE+NL on an 8x8 grid, finding-balanced
+    # study draws, short forms, the rule hard-negative term) at batch 64. One InfoNCE warm start of 600 steps, then
+    # each method x seed fine-tuned 300 steps from it (the recipe's LR schedule restarted): ~15 min a run.
+    "cpu": {"n": 3000, "eval_per_class": 250, "seeds": [0, 1, 2], "warm_steps": 600, "steps": 300, "workers": 1,
+            "threads": 2, "plan": PLAN, "eta_sampling": ["--sentence-sampling", "findings", "--study-sampling",
+                                                          "findings", "--study-balance", "1"],
+            "train": _CPU_TRAIN, "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "200", "--no-figures"]},
+    # One GPU (sized for an H100 with 16 cores): the gpu_small recipe from scratch for 2,500 steps, every method of
+    # the plan x 3 seeds side by side (21+ small runs, 1 loader thread each, the images cached once on disk).
+    "gpu": {"n": 3000, "eval_per_class": 250, "seeds": [0, 1, 2], "warm_steps": 0, "steps": 2500, "workers": 24,
+            "threads": 1, "plan": PLAN, "eta_sampling": ["--sentence-sampling", "findings"],
+            "train": ["preset=gpu_small", "log.every=50", "val.every=null", "data.cache=disk",
                       "data.cache_dir={work}/image_cache", "data.num_workers=1"],
             "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "1000", "--no-figures"]},
+    # The pipeline end to end at toy size on a CPU (a 240-study phantom, 6 + 6 steps of batch 16 at 32 px): it
+    # checks that every step runs, not what it measures.
+    "tiny": {"n": 240, "eval_per_class": 10, "seeds": [0, 1], "warm_steps": 6, "steps": 6, "workers": 1,
+             "threads": 2, "plan": [("P1", ["InfoNCE", "DCL-eta_LM"])], "eta_sampling": ["--sentence-sampling",
+                                                                                         "findings"],
+             "train": [*_CPU_TRAIN, "train.batch_size=16", "data.resize=36", "data.crop=32", "train.device=cpu"],
+             "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "20", "--no-figures"]},
 }
-# --dry-run: the preset's pipeline end to end at toy size (a 240-study phantom, 10 evaluation studies a
-# class, 6 steps of batch 16 at 32 px on the CPU): it checks that every step runs, not what it measures.
-DRY_RUN = {"n": 240, "eval_per_class": 10, "steps": 6, "workers": 2, "threads": 1,
-           "extra_train": ["train.batch_size=16", "data.resize=36", "data.crop=32", "train.device=cpu"]}
 METRICS = list(SUMMARY_KEYS)
-DRAWS = ("sampler", "uniform")  # bench_eta_fit --draw: studies as training draws them, or uniformly
+CLAIM_METRICS = ("AUC", "CNR", "mIoU", "Recall")
 READING_MARK = "<!-- reading: kept when the script rewrites this file -->"
+
+
+@dataclass(frozen=True)
+class Run:
+    priority: str
+    label: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return slug(self.label) + f"_s{self.seed}"
+
+
+def slug(label: str) -> str:
+    return label.replace(" ", "_").replace("=", "").replace("(", "").replace(")", "").replace(",", "_")
 
 
 def run_cli(argv: list[str]) -> None:
@@ -113,201 +131,221 @@ def run_cli(argv: list[str]) -> None:
         raise SystemExit(f"`medclr {' '.join(argv[:2])}` failed (exit {code})")
 
 
-def prepare_data(work: Path, n: int, seed: int, eval_per_class: int = EVAL_PER_CLASS) -> None:
-    """Phantom -> manifest -> domain LM -> eta table, as `medclr demo` builds them (cached)."""
-    for step in demo_plan(work, Namespace(n=n, seed=seed, eval_per_class=eval_per_class, preset="cpu_small"))[:4]:
+# --------------------------------------------------------------------------- the data, the eta tables, the warm start
+
+
+def prepare_data(work: Path, cfg: dict) -> None:
+    """Phantom -> manifest -> domain LM -> PLLs, as `medclr demo` builds them (cached)."""
+    args = Namespace(n=cfg["n"], seed=0, eval_per_class=cfg["eval_per_class"], preset="cpu_small")
+    for step in demo_plan(work, args)[:4]:
         if not step.output.exists():
             print(f"== {step.name}", file=sys.stderr, flush=True)
             run_cli(step.argv)
 
 
-def imbalanced_manifest(work: Path, r: float, seed: int) -> Path:
-    """Training split with each non-normal study kept with probability r; class probabilities recomputed."""
-    from medclr.data.manifest import read_manifest, write_manifest
-
-    out = work / f"manifest_r{r:g}.parquet"
-    if out.exists():
-        return out
-    df = read_manifest(work / "manifest.parquet")
-    rng = np.random.default_rng(seed)
-    train = df["split"] == "train"
-    drop = train & (df["latent_class"] != "normal") & (rng.random(len(df)) >= r)
-    kept = df[~drop].copy()
-    tr = kept["split"] == "train"
-    freq = kept.loc[tr, "latent_class"].value_counts(normalize=True)
-    kept.loc[tr, "latent_class_prob"] = kept.loc[tr, "latent_class"].map(freq).to_numpy()
-    write_manifest(kept, out, df.attrs["root"])
-    return out
+def eta_table(work: Path, name: str) -> Path:
+    return work / f"eta_{name}.parquet"
 
 
-# One process per run: train then eval, so torch and transformers are imported once a run, not twice.
-RUN_COMMANDS = """import json, sys
-from medclr.cli import main
-for argv in json.loads(sys.argv[1]):
-    code = main(argv)
-    if code:
-        sys.exit(f"`medclr {argv[0]}` failed (exit {code})")
-"""
+def prepare_eta(work: Path, cfg: dict) -> None:
+    """One eta table per kind, from the demo's PLLs (`medclr lm score` only recomputes eta), each for the preset's
+    draws (the rule calibration weighs the pairs as training draws them)."""
+    import shutil
+
+    for name, flags in ETA_TABLES.items():
+        out = eta_table(work, name)
+        if not out.exists():
+            shutil.copyfile(work / "eta.parquet", out)
+            run_cli(["lm", "score", "--manifest", str(work / "manifest.parquet"), "--model", str(work / "lm"), "--out",
+                     str(out), "--no-progress", *flags, *cfg["eta_sampling"]])
 
 
 def medclr_process(commands: list[list[str]], log: Path, threads: int) -> None:
-    """`medclr ARGV` for each ARGV in order, in one process of its own (runs go side by side), output to
-    LOG; one line on failure."""
+    """`medclr ARGV` for each ARGV in order, in one process of its own (torch imported once), output to LOG."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    with open(log, "w") as fh:
-        code = subprocess.run([sys.executable, "-c", RUN_COMMANDS, json.dumps(commands)], stdout=fh,
+    script = ("import json, sys\nfrom medclr.cli import main\nfor argv in json.loads(sys.argv[1]):\n"
+              "    code = main(argv)\n    if code:\n        sys.exit(f'`medclr {argv[0]}` failed (exit {code})')\n")
+    with open(log, "a") as fh:
+        code = subprocess.run([sys.executable, "-c", script, json.dumps(commands)], stdout=fh,
                               stderr=subprocess.STDOUT, env=env).returncode
     if code != 0:
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise SystemExit(f"run {log.stem} failed (exit {code}): {tail[0]}")
+        raise SystemExit(f"{log.stem} failed (exit {code}): {tail[0]}")
 
 
-def train_and_eval(work: Path, run: Path, label: str, seed: int, manifest: Path, cfg: dict) -> dict:
-    """Train one method/seed (skipped when its metrics exist) and return its summary row."""
-    metrics = run / "eval" / "metrics.json"
+def train_command(work: Path, out: Path, cfg: dict, config: str, seed: int, steps: int, extra: list[str]) -> list[str]:
+    """`medclr train` of one run; `--resume` when an earlier invocation left checkpoints (exact resume)."""
+    resume = ["--resume"] if (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("step-*")) else []
+    return ["train", "--config", config, *[o.format(work=work) for o in cfg["train"]], f"train.max_steps={steps}",
+            f"ckpt.every={max(1, steps // 10)}", "ckpt.keep_last=1", "train.max_minutes=null", "log.progress=false",
+            f"seed={seed}", f"data.manifest={work / 'manifest.parquet'}", f"model.text={work / 'lm'}", f"out={out}",
+            *extra, *resume]
+
+
+def warm_start(work: Path, cfg: dict) -> Path | None:
+    """The shared warm start (InfoNCE, seed 0) every run fine-tunes from; None when the preset trains from scratch."""
+    if not cfg["warm_steps"]:
+        return None
+    out = work / "warm"
+    if not (out / "model.safetensors").exists():
+        print(f"== warm start: InfoNCE, {cfg['warm_steps']} steps", file=sys.stderr, flush=True)
+        medclr_process([train_command(work, out, cfg, "infonce", 0, cfg["warm_steps"], ["loss.anchor=text"])],
+                       work / "logs" / "warm.log", cfg["threads"])
+    return out
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def plan_runs(cfg: dict) -> list[Run]:
+    return [Run(p, label, seed) for p, labels in cfg["plan"] for seed in cfg["seeds"] for label in labels]
+
+
+def metrics_path(docs: Path, preset: str, name: str) -> Path:
+    return docs / "replication" / preset / "runs" / f"{name}.json"
+
+
+def status(work: Path, docs: Path, preset: str, run: Run) -> str:
+    """done (its metrics are under docs/), partial (checkpoints in WORK: it resumes), or missing."""
+    if metrics_path(docs, preset, run.name).exists():
+        return "done"
+    steps = sorted((work / "runs" / run.name / "checkpoints").glob("step-*"))
+    if (work / "runs" / run.name / "model.safetensors").exists():
+        return "partial (trained, not evaluated)"
+    return f"partial (step {int(steps[-1].name.split('-')[1])})" if steps else "missing"
+
+
+def print_plan(work: Path, docs: Path, preset: str, cfg: dict) -> None:
+    runs = plan_runs(cfg)
+    states = [status(work, docs, preset, r) for r in runs]
+    print(f"== plan ({preset}): {sum(s == 'done' for s in states)} of {len(runs)} runs done", file=sys.stderr)
+    for r, s in zip(runs, states):
+        print(f"   {r.priority}  {r.label:<14} seed {r.seed}  {s}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def run_train_args(work: Path, run: Run, cfg: dict, warm: Path | None, eta_override: list[str] | None = None) -> list[str]:
+    config, extra, table = METHODS[run.label] if run.label in METHODS else ("dcl_lm", [], "paper")
+    extra = [*extra, *(eta_override or [])]
+    if table is not None:
+        extra.append(f"data.eta={eta_table(work, table)}")
+    if config == "nuclr":
+        extra.append("loss.freeze_zeta_epochs=0.25")
+    if warm is not None:
+        extra.append(f"model.init={warm}")
+    return train_command(work, work / "runs" / run.name, cfg, config, run.seed, cfg["steps"], extra)
+
+
+def eval_command(run_dir: Path, work: Path, cfg: dict, seed: int, split: str) -> list[str]:
+    return ["eval", "--checkpoint", str(run_dir), "--data", str(work / "manifest.parquet"), "--out",
+            str(run_dir / f"eval_{split}"), "--split", split, "--seed", str(seed), *cfg["eval"]]
+
+
+def evaluated(path: Path) -> dict:
+    result = json.loads(path.read_text())
+    per_class = result.get("zeroshot", {}).get("per_class", {})
+    return {**{m: result["summary"].get(m) for m in METRICS}, **{f"AUC {c}": v.get("AUC") for c, v in per_class.items()}}
+
+
+def do_run(work: Path, docs: Path, preset: str, run: Run, cfg: dict, warm: Path | None,
+           eta_override: list[str] | None = None, splits: tuple[str, ...] | None = None) -> dict:
+    """Train (or resume) and evaluate one run, and write its metrics JSON under docs/ (skipped when there)."""
+    target = metrics_path(docs, preset, run.name)
+    if target.exists():
+        return json.loads(target.read_text())
+    run_dir = work / "runs" / run.name
+    splits = splits or (("validate", "test") if run.label in DCL_ETAS else ("test",))
     start = time.perf_counter()
-    if not metrics.exists():
-        commands = []
-        if not (run / "model.safetensors").exists():
-            shutil.rmtree(run, ignore_errors=True)  # a half-trained run is retrained from scratch
-            config, extra = METHODS[label]
-            commands.append(["train", "--config", config, *[o.format(work=work, steps=cfg["steps"]) for o in cfg["train"]],
-                             f"train.max_steps={cfg['steps']}", "train.max_minutes=null", "log.progress=false",
-                             f"seed={seed}", f"data.manifest={manifest}", f"data.eta={eta_path(work, cfg)}",
-                             f"model.text={work / 'lm'}", f"out={run}", *extra, *cfg.get("extra_train", []),
-                             *(["loss.freeze_zeta_epochs=0.25"] if config == "nuclr" else [])])
-        commands.append(["eval", "--checkpoint", str(run), "--data", str(work / "manifest.parquet"), "--out",
-                         str(run / "eval"), "--seed", str(seed), *cfg["eval"]])
-        medclr_process(commands, work / "logs" / f"{run.parent.name}_{run.name}.log", cfg["threads"])
-    timing = run / "seconds.txt"  # the run's own train + eval time, kept for reruns that reuse it
-    if not timing.exists():
-        timing.write_text(f"{time.perf_counter() - start:.1f}\n")
-    result = json.loads(metrics.read_text())
-    summary, per_class = result["summary"], result.get("zeroshot", {}).get("per_class", {})
-    row = {"method": label, "seed": seed, **{m: summary.get(m) for m in METRICS},
-           **{f"AUC {c}": v.get("AUC") for c, v in per_class.items()}, "seconds": float(timing.read_text())}
-    sys.stdout.write(json.dumps(row) + "\n")  # one write: the worker threads print side by side
-    sys.stdout.flush()
-    return row
+    commands = [] if (run_dir / "model.safetensors").exists() else [run_train_args(work, run, cfg, warm, eta_override)]
+    commands += [eval_command(run_dir, work, cfg, run.seed, s) for s in splits
+                 if not (run_dir / f"eval_{s}" / "metrics.json").exists()]
+    if commands:
+        print(f"== {run.priority} {run.label} seed {run.seed}", file=sys.stderr, flush=True)
+        medclr_process(commands, work / "logs" / f"{run.name}.log", cfg["threads"])
+    state = json.loads((run_dir / "trainer_state.json").read_text())
+    record = {"method": run.label, "seed": run.seed, "priority": run.priority, "preset": preset,
+              "steps": cfg["steps"], "warm_start": None if warm is None else warm_record(warm),
+              "config": state["config"]["loss"], "eta_table": state["config"]["data"].get("eta") and
+              Path(state["config"]["data"]["eta"]).name, "last_loss": state.get("last_loss"),
+              "train_seconds": state.get("elapsed_s"), "seconds": round(time.perf_counter() - start, 1),
+              "commit": git_commit(), **{s: evaluated(run_dir / f"eval_{s}" / "metrics.json") for s in splits}}
+    if METHODS.get(run.label, ("",))[0] == "nuclr":
+        record["zeta"] = {k: v for k, v in zeta_against_frequency(run_dir).items() if k != "points"}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record, indent=1, default=float) + "\n")
+    print(json.dumps({"run": run.name, **{m: record["test"][m] for m in ("AUC", "CNR", "Recall")}}), flush=True)
+    return record
 
 
-def slug(label: str) -> str:
-    return label.replace(" ", "_").replace("=", "").replace("(", "").replace(")", "")
+def warm_record(warm: Path) -> dict:
+    from medclr.inference.checkpoint import weights_sha256
+
+    state = json.loads((warm / "trainer_state.json").read_text())
+    return {"steps": state["step"], "loss": state["config"]["loss"]["name"], "seed": state["seed"],
+            "weights_sha256": weights_sha256(warm)}
+
+
+def git_commit() -> str | None:
+    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or None
+
+
+# --------------------------------------------------------------------------- NUCLR's zeta against popularity
 
 
 def zeta_against_frequency(run: Path) -> dict:
-    """NUCLR's learned text popularity against the true frequency of what was paired (its Fig. 5).
-
-    Sentence-keyed runs (loss.zeta_key: sentence): one point per distinct training sentence that training
-    drew at least once after the freeze, zeta_txt against log rho_sent (the frequency of the sentence's
-    ground-truth key among the pairs as the run's sampler draws them). Study-keyed runs: one point per
-    study, zeta_txt against the draw-weighted mean log rho_sent of its sentences (what a study-keyed zeta
-    can at best track). Returns Spearman, the sd of zeta_txt and the points."""
+    """NUCLR's learned text popularity against the true frequency of what was paired (its Fig. 5): one point per
+    distinct text that training drew at least once after the freeze, zeta_txt against log rho_sent (how often the
+    text's ground-truth key occurs among the pairs as the run's sampler draws them). Spearman, the sd of zeta_txt,
+    Spearman with the draw rate, and the points."""
     import yaml
     from safetensors.numpy import load_file
     from scipy.stats import spearmanr
 
-    from medclr.data.pairs import pair_probabilities
+    from medclr.data.pairs import key_frequency, pair_probabilities
     from medclr.data.text import sentence_hash
     from medclr.inference.checkpoint import TEXT_HASH_KEY, hash_to_int
-    from medclr.phantom.sentence_keys import rho_sent
+    from medclr.phantom.sentence_keys import sentence_key
     from medclr.training.data import load_table
 
     cfg = yaml.safe_load((run / "train_config.yaml").read_text())
     cfg["data"]["cache"] = "none"  # sentences only: no image is read
     table = load_table(cfg, eta=False)
     state = load_file(str(run / "loss_state.safetensors"))
+    want = np.array([hash_to_int(sentence_hash(t)) for t in table.texts])
+    if TEXT_HASH_KEY not in state or not np.array_equal(state[TEXT_HASH_KEY], want):
+        raise SystemExit(f"{run}: its loss state's texts do not match its manifest's training rows")
     d = cfg["data"]
-    sampling = dict(sentence_sampling=d["sentence_sampling"], other_weight=float(d["other_sentence_weight"]),
-                    study_sampling=d["study_sampling"], study_balance=float(d["study_balance"]))
-    rho = rho_sent(table.sentences, **sampling)
+    pairs = pair_probabilities(table.sentences, sentence_sampling=d["sentence_sampling"],
+                               other_weight=float(d["other_sentence_weight"]), study_sampling=d["study_sampling"],
+                               study_balance=float(d["study_balance"]))
+    keys = [[sentence_key(s) for s in row] for row in table.sentences]
+    freq = {k: f for row_k, row_f in zip(keys, key_frequency(keys, pairs)) for k, f in zip(row_k, row_f)}
+    log_rho = np.array([np.log(freq.get(sentence_key(t), np.nan)) for t in table.texts])
+    draw = np.zeros(len(table.texts))  # how often training draws each distinct text from the manifest: its visit rate
+    for ids, p in zip(table.text_ids, pairs):
+        np.add.at(draw, ids, p)
     zeta_init = np.float32(cfg["loss"].get("zeta_init", -0.05))  # the table's dtype: compare before widening
-    moved_any = state["zeta_txt"] != zeta_init
-    zeta = state["zeta_txt"].astype(np.float64)
-    if TEXT_HASH_KEY in state:
-        want = np.array([hash_to_int(sentence_hash(t)) for t in table.texts])
-        if not np.array_equal(state[TEXT_HASH_KEY], want):
-            raise SystemExit(f"{run}: its loss state's sentences do not match its manifest's training rows")
-        log_rho = np.full(len(table.texts), np.nan)
-        draw = np.zeros(len(table.texts))  # how often training draws each distinct sentence: its visit rate
-        for ids, r, p in zip(table.text_ids, rho, pair_probabilities(table.sentences, **sampling)):
-            log_rho[ids] = np.log(r)
-            np.add.at(draw, ids, p)
-        x, y, key = log_rho[moved_any], zeta[moved_any], "sentence"  # drawn at least once after the freeze
-        visits = float(spearmanr(draw[moved_any], y)[0])
-    else:
-        pairs = pair_probabilities(table.sentences, **sampling)
-        x = np.array([np.dot(p, np.log(r)) / p.sum() for p, r in zip(pairs, rho)])
-        y, key = zeta, "study"
-        visits = float(spearmanr([p.sum() for p in pairs], y)[0])
-    return {"key": key, "spearman": float(spearmanr(x, y)[0]), "zeta_sd": float(np.std(y)), "n": int(len(y)),
-            "spearman_draws": visits, "points": (x, y)}
+    moved = (state["zeta_txt"] != zeta_init) & np.isfinite(log_rho)
+    y = state["zeta_txt"].astype(np.float64)[moved]
+    return {"spearman": float(spearmanr(log_rho[moved], y)[0]), "zeta_sd": float(np.std(y)), "n": int(moved.sum()),
+            "spearman_draws": float(spearmanr(draw[moved], y)[0]), "points": (log_rho[moved], y)}
 
 
-def nuclr_popularity(runs: list[Path]) -> dict:
-    """Spearman of NUCLR's learned zeta_txt with the true frequency of its texts, per seed."""
-    per_run = [zeta_against_frequency(run) for run in runs]
-    return {"spearman": {"sentence" if per_run[0]["key"] == "sentence" else "study": [r["spearman"] for r in per_run]},
-            "zeta_sd": [r["zeta_sd"] for r in per_run], "spearman_draws": [r["spearman_draws"] for r in per_run],
-            "points": per_run[0]["points"]}
+# --------------------------------------------------------------------------- claims
 
 
-def loss_effect(work: Path, run: Path, cfg: dict) -> list[dict]:
-    """bench/bench_eta_fit.py on a trained run: how far each eta moves the per-pair loss from InfoNCE, on
-    batches drawn as training draws them and on uniformly drawn studies."""
-    effect = []
-    for draw in DRAWS:
-        out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_eta_fit.py"), "--manifest",
-                              str(work / "manifest.parquet"), "--eta", str(eta_path(work, cfg)), "--checkpoint",
-                              str(run), "--n", "1024", "--batch", "64", "--draw", draw], capture_output=True, text=True)
-        if out.returncode:
-            raise SystemExit(f"bench_eta_fit on {run} failed: {out.stderr.strip().splitlines()[-1:]}")
-        effect += [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    return effect
-
-
-def eta_path(work: Path, cfg: dict) -> Path:
-    """The eta table the preset's runs train with: calibrated to the pairs as the preset's sampler draws them."""
-    return work / f"eta_{cfg['name']}.parquet"
-
-
-def prepare_eta(work: Path, cfg: dict) -> Path:
-    """`medclr lm score` for the preset's sampling (the demo's PLLs are reused: only eta is refitted)."""
-    out = eta_path(work, cfg)
-    if not out.exists():
-        shutil.copyfile(work / "eta.parquet", out)
-        run_cli(["lm", "score", "--manifest", str(work / "manifest.parquet"), "--model", str(work / "lm"), "--out",
-                 str(out), "--no-progress", *cfg["eta_sampling"]])
-    return out
-
-
-def eta_calibration(work: Path, cfg: dict) -> dict:
-    """`medclr lm calibrate` of the preset's eta table against rho_sent under the same sampling."""
-    out = work / f"calibration_{cfg['name']}"
-    if not (out / "calibration.json").exists():
-        run_cli(["lm", "calibrate", "--manifest", str(work / "manifest.parquet"), "--eta", str(eta_path(work, cfg)),
-                 "--out", str(out)])
-    return json.loads((out / "calibration.json").read_text())
-
-
-def count_test_positives(work: Path) -> dict[str, int]:
-    """CheX5 positives per class in the phantom's test split (how much a per-class AUC can be trusted)."""
-    from medclr.data.labels import CHEX5
-    from medclr.data.manifest import read_manifest
-
-    df = read_manifest(work / "manifest.parquet")
-    test = df[df["split"] == "test"]
-    return {c: int((test[c] == 1).sum()) for c in CHEX5}
-
-
-# --------------------------------------------------------------------------- plots and report
-
-
-def mean_sd(rows: pd.DataFrame) -> pd.DataFrame:
-    g = rows.groupby("method", sort=False)[METRICS]
-    return g.mean().join(g.std(ddof=1).add_suffix("_sd")).assign(n=g.size())
+def read_runs(docs: Path, preset: str, split: str = "test") -> pd.DataFrame:
+    """One row per committed run: method, seed, and its metrics on ``split`` (rows without that split left out)."""
+    rows = []
+    for path in sorted((docs / "replication" / preset / "runs").glob("*.json")):
+        rec = json.loads(path.read_text())
+        if split in rec:
+            rows.append({"method": rec["method"], "seed": rec["seed"], **rec[split],
+                         "zeta_spearman": rec.get("zeta", {}).get("spearman"), "seconds": rec.get("seconds")})
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["method", "seed", *METRICS, "zeta_spearman", "seconds"])
 
 
 def per_seed(rows: pd.DataFrame, label: str, metric: str) -> pd.Series:
@@ -318,348 +356,211 @@ def paired(rows: pd.DataFrame, a: str, b: str, metric: str) -> dict:
     """A − B over the seeds both ran (mean, Student-t 95 % CI)."""
     va, vb = per_seed(rows, a, metric), per_seed(rows, b, metric)
     seeds = va.index.intersection(vb.index)
-    return {"a": a, "b": b, "metric": metric, **paired_difference(va[seeds].tolist(), vb[seeds].tolist())}
+    return {"a": a, "b": b, "metric": metric, "seeds": len(seeds),
+            **paired_difference(va[seeds].tolist(), vb[seeds].tolist())}
 
 
 def verdict(d: dict, lower_is_better: bool = False) -> str:
-    """The claim "A >= B" read from the CI of A − B."""
+    """The claim "A >= B" read from the 95 % CI of A − B."""
     lo, hi = (-d["ci_high"], -d["ci_low"]) if lower_is_better else (d["ci_low"], d["ci_high"])
     if not np.isfinite(lo):
         return "undecided (fewer than 2 seeds)"
-    return "holds (CI above 0)" if lo > 0 else "refuted (CI below 0)" if hi < 0 else "undecided (CI spans 0)"
+    return "holds (CI above 0)" if lo > 0 else "refuted (CI below 0)" if hi < 0 else "no difference shown (CI spans 0)"
 
 
-def claims(rows: pd.DataFrame, table: pd.DataFrame, pop: dict | None) -> list[dict]:
-    """The seed papers' claims, each as a paired difference over seeds with its CI and verdict."""
+def best_constant(val: pd.DataFrame, metric: str) -> str | None:
+    """The constant eta with the better mean on the validation split (never the test split)."""
+    consts = val[val["method"].isin(list(DCL_ETAS))]
+    if consts.empty:
+        return None
+    lower = metric == "MedR"
+    means = consts.groupby("method")[metric].mean()
+    return str(means.idxmin() if lower else means.idxmax())
+
+
+def claims(rows: pd.DataFrame, val: pd.DataFrame) -> list[dict]:
+    """Each claim of the plan as a paired difference over seeds with its CI and verdict, where both sides ran."""
+    have = set(rows["method"]) if len(rows) else set()
     out = []
-    consts = [lab for lab in DCL_ETAS if lab in table.index]
-    for metric in ("AUC", "CNR", "mIoU", "Recall"):
-        if consts and "DCL-eta_LM" in table.index:
-            best = table.loc[consts, metric].idxmax()  # chosen on the same test split: favours the constant
-            out.append({"claim": "DCL-eta_LM >= best constant eta", **paired(rows, "DCL-eta_LM", best, metric)})
-    for a, b in (("DCL-eta_True", "DCL-eta_LM"), ("DCL-eta_LM", "InfoNCE")):
-        if a in table.index and b in table.index:
-            for metric in ("AUC", "CNR", "mIoU", "Recall"):
-                out.append({"claim": f"{a} >= {b}", **paired(rows, a, b, metric)})
-    if "NUCLR" in table.index and "SogCLR" in table.index:
-        for metric in ("Recall", "MedR"):
-            out.append({"claim": "NUCLR >= SogCLR on retrieval", **paired(rows, "NUCLR", "SogCLR", metric)})
-    for row in out:
-        row["verdict"] = verdict(row, lower_is_better=row["metric"] == "MedR")
-    if pop:
-        for key in pop["spearman"]:
-            rho = pop["spearman"][key]
-            d = pooled(rho)  # mean Spearman over seeds, Student-t CI
-            out.append({"claim": f"zeta rank-correlates with class frequency ({key} key)", "a": "Spearman",
-                        "b": "0", "metric": "rho", **d, "verdict": verdict(d)})
+
+    def add(claim, a, b, metrics, group):
+        if a in have and b in have:
+            for m in metrics:
+                d = paired(rows, a, b, m)
+                out.append({"group": group, "claim": claim, **d, "verdict": verdict(d, lower_is_better=m == "MedR")})
+
+    add("DCL-eta_LM >= InfoNCE", "DCL-eta_LM", "InfoNCE", CLAIM_METRICS, "P1")
+    for m in CLAIM_METRICS:
+        best = best_constant(val, m)
+        if best is not None:
+            add(f"DCL-eta_LM >= best constant eta (validation: {best})", "DCL-eta_LM", best, [m], "P1")
+    add("DCL-eta_True >= DCL-eta_LM", "DCL-eta_True", "DCL-eta_LM", CLAIM_METRICS, "P2")
+    add("NUCLR >= SogCLR", "NUCLR", "SogCLR", ("Recall", "MedR", "AUC"), "P3")
+    if "NUCLR" in have:
+        rho = per_seed(rows, "NUCLR", "zeta_spearman").dropna()
+        d = pooled(rho.tolist())
+        out.append({"group": "P3", "claim": "NUCLR's zeta rank-correlates with popularity", "a": "Spearman", "b": "0",
+                    "metric": "rho", "seeds": len(rho), **d, "verdict": verdict(d)})
+    add("DCL-eta_rule >= DCL-eta_LM", "DCL-eta_rule", "DCL-eta_LM", ("AUC", "CNR", "Recall"), "P4")
     return out
 
 
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    return plt
+# --------------------------------------------------------------------------- the eta tables against the oracles
 
 
-def save(fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
+def eta_calibration(work: Path, docs: Path, preset: str, cfg: dict) -> dict | None:
+    """`medclr lm calibrate` of the paper's eta table (every variant against q and rho_sent under the preset's
+    draws), kept under docs/ so the report needs no WORK."""
+    keep = docs / "replication" / preset / "calibration.json"
+    if not keep.exists():
+        if not (work / "manifest.parquet").exists():
+            return None
+        out = work / "calibration"
+        run_cli(["lm", "calibrate", "--manifest", str(work / "manifest.parquet"), "--eta", str(eta_table(work, "paper")),
+                 "--out", str(out), *cfg["eta_sampling"]])
+        result = json.loads((out / "calibration.json").read_text())
+        result.pop("reliability", None)
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        keep.write_text(json.dumps(result, indent=1) + "\n")
+    return json.loads(keep.read_text())
 
 
-def has_constant_eta(rows: pd.DataFrame) -> bool:
-    return bool(set(DCL_ETAS) & set(rows["method"]))
+# --------------------------------------------------------------------------- the report
 
 
-def plot_eta_tradeoff(table: pd.DataFrame, path: Path) -> None:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
-    labels = [lab for lab in DCL_ETAS if lab in table.index]
-    etas = [DCL_ETAS[lab] for lab in labels]
-    for ax, m in zip(axes, ["AUC", "CNR", "Recall"]):
-        dcl = table.loc[labels]
-        ax.errorbar(etas, dcl[m], yerr=dcl[f"{m}_sd"], marker="o", capsize=3, label="DCL, constant eta (± sd)")
-        for lab, color, ls in (("InfoNCE", "k", "--"), ("DCL-eta_LM", "C1", "-"), ("DCL-eta_True", "C2", ":")):
-            if lab in table.index:
-                ax.axhline(table.loc[lab, m], color=color, ls=ls, label=lab)
-        if etas:
-            ax.set_xscale("log")
-        ax.set_xlabel("eta (class prior of a negative)")
-        ax.set_title(m)
-    axes[0].legend(fontsize=7)
-    save(fig, path)
-
-
-def plot_imbalance(sweep: pd.DataFrame, path: Path) -> None:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-    for ax, m in zip(axes, ["AUC", "CNR", "Recall"]):
-        for lab, g in sweep.groupby("method", sort=False):
-            s = g.groupby("r")[m].agg(["mean", "std"]).sort_index()
-            ax.errorbar(s.index, s["mean"], yerr=s["std"], marker="o", capsize=3, label=lab)
-        ax.set_xscale("log")
-        ax.set_xlabel("r (fraction of non-normal training studies kept)")
-        ax.set_title(f"{m} (mean ± sd over seeds)")
-    axes[0].legend(fontsize=7)
-    save(fig, path)
-
-
-def plot_popularity(points: tuple[np.ndarray, np.ndarray], rho: float, path: Path) -> None:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(4.2, 3.4))
-    ax.scatter(points[0], points[1], s=4, alpha=0.4)
-    ax.set_xlabel("log frequency of the paired sentences' class")
-    ax.set_ylabel("learned zeta (text side)")
-    ax.set_title(f"NUCLR popularity (seed 0), Spearman {rho:+.2f}", fontsize=9)
-    save(fig, path)
-
-
-def plot_retrieval(rows: pd.DataFrame, path: Path) -> None:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.0))
-    for ax, m in zip(axes, ["Recall", "MedR"]):
-        for x, lab in enumerate(["SogCLR", "NUCLR"]):
-            v = per_seed(rows, lab, m)
-            ax.bar(x, v.mean(), color=f"C{x}", alpha=0.5)
-            ax.scatter([x] * len(v), v, color="k", s=10, zorder=3)
-        ax.set_xticks([0, 1], ["SogCLR", "NUCLR"])
-        ax.set_title(f"{m} (bars: mean; dots: seeds)", fontsize=9)
-    save(fig, path)
-
-
-def fmt(table: pd.DataFrame, m: str, label: str) -> str:
-    v, sd = table.loc[label, m], table.loc[label, f"{m}_sd"]
-    digits = 1 if m == "MedR" else 3
-    return f"{v:.{digits}f} ± {sd:.{digits}f}" if np.isfinite(sd) else f"{v:.{digits}f}"
+def fmt_mean_sd(g: pd.Series, digits: int) -> str:
+    g = g.dropna()
+    if g.empty:
+        return "–"
+    return f"{g.mean():.{digits}f} ± {g.std(ddof=1):.{digits}f}" if len(g) > 1 else f"{g.mean():.{digits}f}"
 
 
 def ci(d: dict, digits: int = 3) -> str:
     return f"{d['mean']:+.{digits}f} [{d['ci_low']:+.{digits}f}, {d['ci_high']:+.{digits}f}]"
 
 
-def imbalance_section(sweep: pd.DataFrame, seeds: list[int]) -> list[str]:
-    lines = ["## Class imbalance (the paper's Fig. 2)", "",
-             "Training split with each non-normal study kept with probability r (the phantom's CIFAR10-r; the "
-             "true class probabilities, and so DCL-eta_True's eta, recomputed), same steps, seeds "
-             f"{seeds}; r = 1 is the runs above.", "",
-             "| r | Method | AUC | CNR | Recall |", "|---|---|---|---|---|"]
-    for (r, label), g in sweep.groupby(["r", "method"], sort=False):
-        lines.append(f"| {r:g} | {label} | " + " | ".join(f"{g[m].mean():.3f} ± {g[m].std(ddof=1):.3f}"
-                                                        for m in ("AUC", "CNR", "Recall")) + " |")
-    if {"InfoNCE", "DCL-eta_LM"} <= set(sweep["method"]):
-        lines += ["", "DCL-eta_LM − InfoNCE at each r (paired over seeds):", ""]
-        for r, g in sweep.groupby("r", sort=False):
-            cells = [f"{m} {ci(paired(g, 'DCL-eta_LM', 'InfoNCE', m))}" for m in ("AUC", "CNR", "Recall")]
-            lines.append(f"- r = {r:g}: " + "; ".join(cells))
-    return lines + ["", "![imbalance](img/results_imbalance.png)", ""]
+def calibration_lines(calib: dict | None) -> list[str]:
+    if calib is None:
+        return ["(no calibration yet)", ""]
+    v = calib["variants"]
+    lines = [f"`medclr lm calibrate` over {calib['n_pairs']} training pairs drawn as the preset draws them. The oracles: "
+             f"q, DCL's false-negative rate of the sentence (mean {calib['mean_q']:.3f}), and rho_sent, how often its "
+             f"key occurs among the pairs (mean {calib['mean_rho']:.4f}); Spearman(q, rho_sent) "
+             f"{calib['spearman_q_rho']:+.2f}. Training caps eta at {calib.get('eta_max', 0.5):g}.", "",
+             "| eta | E[eta] | E[eta]/E[q] | Spearman with q | E abs(1/(1-eta) - 1/(1-q)) | E[eta]/E[rho_sent] "
+             "| Spearman with rho_sent |", "|---|---|---|---|---|---|---|"]
+    names = {"paper": "paper (DCL-eta_LM: a = 0.2, k = 0.35)", "rule": "rule (DCL-eta_rule)",
+             "sentence_fit": "a * p^k fitted to the rule-key frequency", "constant 0.05": "constant 0.05",
+             "constant 0.1": "constant 0.1"}
+    for name, label in names.items():
+        if name in v:
+            x = v[name]
+            lines.append(f"| {label} | {x['mean_eta']:.4f} | {x['q']['mean_ratio']:.3f} | {x['q']['spearman']:+.3f} | "
+                         f"{x['q']['misspecification']:.3f} | {x['rho_sent']['mean_ratio']:.2f} | "
+                         f"{x['rho_sent']['spearman']:+.3f} |")
+    return lines + [""]
 
 
-def write_results(path: Path, preset: str, command: str, cfg: dict, rows: pd.DataFrame, sweep: pd.DataFrame,
-                  verdicts: list[dict], pops: dict[str, dict], calib: dict, positives: dict[str, int], wall_min: float,
-                  effect: list[dict]) -> None:
+def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, val: pd.DataFrame, verdicts: list[dict],
+                  calib: dict | None, states: list[tuple[Run, str]]) -> None:
     old = path.read_text() if path.exists() else ""
     reading = old.split(READING_MARK, 1)[1] if READING_MARK in old else "\n## Reading\n\n(not written yet)\n"
-    table = mean_sd(rows)
-    train = [o.format(work="WORK", steps=cfg["steps"]) for o in cfg["train"] if not o.startswith(("data.cache", "ckpt", "val"))]
-    run_min = (rows["seconds"].sum() + sweep.loc[sweep["r"] != 1.0, "seconds"].sum()) / 60
+    done = sum(s == "done" for _, s in states)
+    warm = (f"every run fine-tuned for {cfg['steps']} steps from one InfoNCE warm start of {cfg['warm_steps']} steps "
+            "(the same weights for every run; its SHA-256 is in each run's metrics)" if cfg["warm_steps"]
+            else f"every run trained from scratch for {cfg['steps']} steps")
     lines = ["# Results: the papers' claims on CXR-Phantom", "",
-             f"Produced by `{command}` (preset `{preset}`): "
-             f"{cfg['n']} phantom studies; every method trained through the LSE+NL head for {cfg['steps']} steps "
-             f"({' '.join(train)}), seeds {cfg['seeds']}, same data, LM and eta table, only the loss differs; "
-             f"{len(rows) + int((sweep['r'] != 1.0).sum())} runs, {cfg['workers']} at a time; "
-             f"**{wall_min:.0f} min wall time** for this invocation (runs cached by an earlier invocation of the "
-             f"same WORK are not counted: see the reading) and {run_min:.0f} min of train + eval summed over runs. "
-             "Evaluated on the phantom's test split (CheX5 zero-shot AUC with the "
-             "paper's prompts, MS-CXR-format grounding CNR/mIoU, box-sentence retrieval Recall (mean of R@10/50/100) and MedR; "
-             "docs/evaluation.md). Mean ± sd over seeds; paired differences are over the same seeds with a "
-             "Student-t 95 % CI.", "",
+             f"Rebuilt by `python bench/paper_replication.py --preset {preset} --report` from the run metrics under "
+             f"`docs/replication/{preset}/runs/` ({done} of {len(states)} planned runs done). Data: the demo's "
+             f"{cfg['n']}-study phantom, its domain LM and PLLs; {' '.join(o for o in cfg['train'] if 'cache' not in o)}; "
+             f"{warm}; only the loss and its eta differ. Evaluated on the phantom's test split: CheX5 zero-shot AUC "
+             "with the paper's prompts (Table 2), MS-CXR-format grounding CNR/mIoU, box-sentence retrieval Recall "
+             "(mean of R@10/50/100) and MedR. Paired differences are over the seeds both methods ran, with a "
+             "Student-t 95 % CI; a constant eta is chosen per metric on the validation split.", "",
              "## The claims", "",
-             "| Claim | Metric | A − B | mean A − B [95 % CI] | Verdict |", "|---|---|---|---|---|"]
+             "| | Claim | Metric | seeds | mean A − B [95 % CI] | Verdict |", "|---|---|---|---|---|---|"]
     for v in verdicts:
-        lines.append(f"| {v['claim']} | {v['metric']} | {v['a']} − {v['b']} | {ci(v, 1 if v['metric'] == 'MedR' else 3)} "
-                     f"| {v['verdict']} |")
-    lines += ["", "\"Best constant eta\" is the constant with the best mean on that metric, picked on the same "
-              "test split, which favours the constant. MedR: lower is better, the verdict reads the CI that way.", "",
-              "## Table 1 shape", "", "| Method | CheX5 AUC | ACC | CNR | mIoU | Recall | MedR |",
-              "|---|---|---|---|---|---|---|"]
-    for label in table.index:
-        lines.append(f"| {label} | " + " | ".join(fmt(table, m, label) for m in METRICS) + " |")
+        lines.append(f"| {v['group']} | {v['claim']} | {v['metric']} | {v['seeds']} | "
+                     f"{ci(v, 1 if v['metric'] == 'MedR' else 3)} | {v['verdict']} |")
+    if not verdicts:
+        lines.append("| | (no claim has its runs yet) | | | | |")
+    lines += ["", "## Every method (test split, mean ± sd over seeds)", "",
+              "| Method | seeds | CheX5 AUC | ACC | CNR | mIoU | Recall | MedR |", "|---|---|---|---|---|---|---|---|"]
+    for label, g in rows.groupby("method", sort=False) if len(rows) else []:
+        lines.append(f"| {label} | {len(g)} | " + " | ".join(fmt_mean_sd(g[m], 1 if m == "MedR" else 3) for m in METRICS) + " |")
     classes = [c for c in rows.columns if c.startswith("AUC ")]
-    lines += ["", "Zero-shot AUC per CheX5 class (mean ± sd over seeds; positives in the test split: "
-              + ", ".join(f"{c} {n}" for c, n in positives.items()) + "):", "",
-              "| Method | " + " | ".join(c.removeprefix("AUC ") for c in classes) + " |", "|---|" + "---|" * len(classes)]
-    for label, g in rows.groupby("method", sort=False):
-        lines.append(f"| {label} | " + " | ".join(f"{g[c].mean():.2f} ± {g[c].std(ddof=1):.2f}" for c in classes) + " |")
-    lines.append("")
-    if has_constant_eta(rows):
-        lines += ["![eta trade-off](img/results_eta_tradeoff.png)", "",
-                  "*The debiasing paper's Fig. 3 on the phantom: constant-eta DCL against eta (± sd over seeds); "
-                  "lines: InfoNCE, DCL-eta_LM, the DCL-eta_True oracle.*", ""]
-    if cfg["sweep_r"]:
-        lines += imbalance_section(sweep, cfg["sweep_seeds"])
-    if effect:
-        by = {(e["metric"], e["eta"], e["anchor"], e["draw"]): e["value"] for e in effect}
-        lines += ["## How far eta moves the loss on the trained InfoNCE model", "",
-                  f"`bench/bench_eta_fit.py` on the InfoNCE run (seed {cfg['seeds'][0]}): {effect[0]['pairs']} training "
-                  f"pairs in batches of {effect[0]['batch']}, tau {effect[0]['tau']}, drawn two ways: studies as "
-                  "training draws them (`--draw sampler`: the preset's finding-balanced study draws) and uniformly "
-                  "(`--draw uniform`: more look-alike normal reports). InfoNCE's text-anchored batch loss there "
-                  f"{by[('batch_loss_infonce', 'paper', 'text', 'sampler')]:.3f} (sampler draws) and "
-                  f"{by[('batch_loss_infonce', 'paper', 'text', 'uniform')]:.3f} (uniform draws), against the "
-                  f"batches' false-negative floor {by[('batch_loss_floor', None, 'text', 'sampler')]:.3f} and "
-                  f"{by[('batch_loss_floor', None, 'text', 'uniform')]:.3f} (log of how many images of its batch the "
-                  "drawn sentence is true of: the least loss a model reaches that cannot tell those images apart).", "",
-                  "| eta | mean eta | mean per-pair abs(loss(DCL-eta) - loss(InfoNCE)) (nat), text anchor: sampler draws "
-                  "| uniform draws | symmetric, sampler draws | pairs moved > 0.01, text, sampler draws |",
-                  "|---|---|---|---|---|---|"]
-        for name in dict.fromkeys(e["eta"] for e in effect if e["eta"] is not None):
-            lines.append(f"| {name} | {by[('eta_mean', name, 'text', 'sampler')]:.4f} | "
-                         f"{by[('mean_abs_loss_diff_per_pair', name, 'text', 'sampler')]:.4f} | "
-                         f"{by[('mean_abs_loss_diff_per_pair', name, 'text', 'uniform')]:.4f} | "
-                         f"{by[('mean_abs_loss_diff_per_pair', name, 'symmetric', 'sampler')]:.4f} | "
-                         f"{by[('pairs_abs_diff_over_0.01', name, 'text', 'sampler')]:.2f} |")
-        lines.append("")
-    if pops:
-        lines += ["## NUCLR popularity against the true frequency (its Fig. 5)", "",
-                  "Spearman(zeta_txt, log rho_sent) per seed (rho_sent: the frequency of the sentence's ground-truth "
-                  "key among the pairs as training draws them; a study-keyed zeta is compared with the draw-weighted "
-                  "mean log rho_sent of its study's sentences), the sd of zeta_txt, and Spearman(zeta_txt, how often "
-                  "training draws the sentence or study): a zeta that tracks its visit count, not its popularity, "
-                  "shows there:", "",
-                  "| run | zeta keyed by | Spearman per seed | sd of zeta_txt | Spearman with the draw rate |",
-                  "|---|---|---|---|---|"]
-        for label, pop in pops.items():
-            key = next(iter(pop["spearman"]))
-            lines.append(f"| {label} | {key} | " + ", ".join(f"{x:+.3f}" for x in pop["spearman"][key]) + " | "
-                         + ", ".join(f"{x:.4f}" for x in pop["zeta_sd"]) + " | "
-                         + ", ".join(f"{x:+.3f}" for x in pop["spearman_draws"]) + " |")
-        lines += ["", "![popularity](img/results_nuclr_popularity.png)", ""]
-    if {"NUCLR", "SogCLR"} <= set(rows["method"]):
-        lines += ["## NUCLR against SogCLR on retrieval", "", "![retrieval](img/results_retrieval.png)", ""]
-    v = calib["variants"]
-    lines += ["## eta_LM against rho_sent, the class probability it estimates", "",
-              f"`medclr lm calibrate` over {calib['n_pairs']} training pairs (mean rho_sent {calib['mean_rho']:.4f}):", "",
-              "| eta | a | k | E[eta]/E[rho] | Spearman | median abs(log eta/rho) | E abs(1/(1-eta) - 1/(1-rho)) |",
-              "|---|---|---|---|---|---|---|"]
-    def num(value) -> str:
-        return "–" if value is None else f"{value:.4g}"
-
-    for name in ("table", "meaning_fit", "sentence_fit", "string_fit", "paper", "ground_truth_power", "constant 0.05",
-                 "constant 0.1"):
-        x = v[name]
-        lines.append(f"| {name} | {num(x.get('a'))} | {num(x.get('k'))} | {x['mean_ratio']:.2f} | "
-                     f"{x['spearman']:+.3f} | {x['median_abs_log_ratio']:.2f} | {x['misspecification']:.4f} |")
-    lines += ["", "![eta_LM calibration](img/results_eta_lm.png)", "", READING_MARK]
+    if classes:
+        lines += ["", "Zero-shot AUC per CheX5 class:", "",
+                  "| Method | " + " | ".join(c.removeprefix("AUC ") for c in classes) + " |", "|---|" + "---|" * len(classes)]
+        for label, g in rows.groupby("method", sort=False):
+            lines.append(f"| {label} | " + " | ".join(fmt_mean_sd(g[c], 2) for c in classes) + " |")
+    if len(val):
+        lines += ["", "Validation split, the runs that choose the constant eta:", "",
+                  "| Method | seeds | " + " | ".join(CLAIM_METRICS) + " |", "|---|---|" + "---|" * len(CLAIM_METRICS)]
+        for label, g in val.groupby("method", sort=False):
+            lines.append(f"| {label} | {len(g)} | " + " | ".join(fmt_mean_sd(g[m], 3) for m in CLAIM_METRICS) + " |")
+    lines += ["", "## The eta tables against DCL's oracle", ""] + calibration_lines(calib)
+    lines += ["## The plan", "", "| | Method | seed | status |", "|---|---|---|---|"]
+    lines += [f"| {r.priority} | {r.label} | {r.seed} | {s} |" for r, s in states]
+    lines += ["", READING_MARK]
     path.write_text("\n".join(lines) + reading)
 
 
-def shown_command(args: argparse.Namespace) -> str:
-    """The command line as RESULTS.md shows it: the options that change a number, no local paths
-    (rebuilt from the parsed options, so an abbreviated --wo PATH is left out too)."""
-    opts = ["--preset", args.preset] + (["--dry-run"] if args.dry_run else [])
-    for name in ("methods", "seeds", "steps", "sweep_r"):
-        if getattr(args, name) is not None:
-            opts += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    return shlex.join(["python", "bench/paper_replication.py", *opts])
+# --------------------------------------------------------------------------- main
+
+
+def grid_search(work: Path, docs: Path, preset: str, cfg: dict, warm: Path | None) -> None:
+    """The paper's alternative: DCL-eta_LM for each (a, k) of ETA_GRID, seed 0, chosen on the validation split."""
+    for a, k in ETA_GRID:
+        run = Run("grid", f"DCL-eta_LM a={a:g},k={k:g}", 0)
+        do_run(work, docs, preset, run, cfg, warm, eta_override=[f"data.eta_a={a}", f"data.eta_k={k}"],
+               splits=("validate",))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
-                    help="cpu: 2 cores, InfoNCE / DCL-eta_LM / DCL-eta_True, 1 seed (default); gpu: one GPU, 7 methods "
-                         "x 3 seeds side by side")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="the preset's pipeline end to end at toy size on the CPU (checks that it runs; writes to "
-                         "WORK/docs, not to docs/)")
-    ap.add_argument("--work", type=Path, default=None, help="cache of data and runs (default /tmp/medclr_replication_PRESET)")
-    ap.add_argument("--docs", type=Path, default=REPO / "docs", help="where RESULTS.md and img/ go")
-    ap.add_argument("--methods", default=None, help="comma-separated subset of: " + ", ".join(METHODS))
-    ap.add_argument("--seeds", default=None, help="comma-separated seeds (cpu: 0; gpu: 0,1,2)")
-    ap.add_argument("--steps", type=int, default=None, help="training steps per run (overrides the preset)")
-    ap.add_argument("--workers", type=int, default=None, help="runs at a time (cpu: 1 on both cores; gpu: 21)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads a run (cpu: 2; gpu: 1, the runs share the cores)")
-    ap.add_argument("--sweep-r", default=None,
-                    help="comma-separated fractions r of the imbalance sweep (none by default; e.g. 0.5,0.2,0.1,0.05); "
-                         "'none' skips the sweep")
+                    help="cpu: the campaign on 2 cores (default); gpu: one GPU, every run side by side; tiny: toy size")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="data, checkpoints and logs (default /tmp/medclr_replication_PRESET): keep it between "
+                         "invocations to resume a run mid-way")
+    ap.add_argument("--docs", type=Path, default=REPO / "docs", help="where RESULTS.md and replication/ go")
+    ap.add_argument("--status", action="store_true", help="print the plan with each run's status and stop")
+    ap.add_argument("--report", action="store_true", help="rebuild RESULTS.md from the committed metrics and stop")
+    ap.add_argument("--max-runs", type=int, default=None, help="stop after this many runs (default: the whole plan)")
+    ap.add_argument("--eta-grid", action="store_true",
+                    help="also train DCL-eta_LM over a small (a, k) grid (seed 0) and report it on the validation split")
+    ap.add_argument("--workers", type=int, default=None, help="runs at a time (cpu: 1; gpu: 24)")
     args = ap.parse_args()
-    t0 = time.perf_counter()
     preset = args.preset
-    cfg = dict(PRESETS[preset], name=preset)
-    if args.dry_run:
-        cfg.update(DRY_RUN, seeds=cfg["seeds"][:1], sweep_seeds=cfg["seeds"][:1])
-    if args.methods:
-        cfg["methods"] = [m.strip() for m in args.methods.split(",")]
-        unknown = [m for m in cfg["methods"] if m not in METHODS]
-        if unknown:
-            ap.error(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
-        cfg["sweep_methods"] = [m for m in cfg["sweep_methods"] if m in cfg["methods"]]
-    if args.seeds:
-        cfg["seeds"] = cfg["sweep_seeds"] = [int(s) for s in args.seeds.split(",")]
-    if args.steps:
-        cfg["steps"] = args.steps
+    cfg = dict(PRESETS[preset])
     if args.workers:
         cfg["workers"] = args.workers
-    if args.threads:
-        cfg["threads"] = args.threads
-    if args.sweep_r:
-        try:
-            cfg["sweep_r"] = [] if args.sweep_r == "none" else [float(r) for r in args.sweep_r.split(",")]
-        except ValueError:
-            ap.error(f"--sweep-r {args.sweep_r!r}: give fractions such as 0.5,0.1, or 'none'")
-        if not all(0 < r < 1 for r in cfg["sweep_r"]):
-            ap.error(f"--sweep-r {args.sweep_r!r}: each r is the fraction of non-normal studies kept, 0 < r < 1")
-    work = args.work or Path(f"/tmp/medclr_replication_{preset}{'_dry' if args.dry_run else ''}")
-    docs = work / "docs" if args.dry_run else args.docs
+    work = args.work or Path(f"/tmp/medclr_replication_{preset}")
+    docs = args.docs
+    results = docs / "RESULTS.md"
     (work / "logs").mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    prepare_data(work, cfg["n"], seed=0, eval_per_class=cfg["eval_per_class"])
-    prepare_eta(work, cfg)
-
-    jobs = [(label, seed, work / "runs" / f"{slug(label)}_s{seed}", work / "manifest.parquet", 1.0)
-            for label in cfg["methods"] for seed in cfg["seeds"]]
-    jobs += [(label, seed, work / "sweep" / f"{slug(label)}_r{r:g}_s{seed}", imbalanced_manifest(work, r, seed=0), r)
-             for r in cfg["sweep_r"] for label in cfg["sweep_methods"] for seed in cfg["sweep_seeds"]]
-    print(f"== {len(jobs)} runs, {cfg['workers']} at a time (logs: {work / 'logs'})", file=sys.stderr, flush=True)
-    with ThreadPoolExecutor(cfg["workers"]) as pool:
-        done = list(pool.map(lambda j: dict(r=j[4], **train_and_eval(work, j[2], j[0], j[1], j[3], cfg)), jobs))
-    all_rows = pd.DataFrame(done)
-    rows = all_rows[all_rows["r"] == 1.0].drop(columns="r")
-    sweep = pd.concat([all_rows[(all_rows["r"] == 1.0) & all_rows["method"].isin(cfg["sweep_methods"])
-                                & all_rows["seed"].isin(cfg["sweep_seeds"])], all_rows[all_rows["r"] != 1.0]])
-
-    pops = {label: nuclr_popularity([work / "runs" / f"{slug(label)}_s{s}" for s in cfg["seeds"]])
-            for label in ("NUCLR", "NUCLR (paper zeta step)", "NUCLR (study zeta)") if label in cfg["methods"]}
-    pop = pops.get("NUCLR")
-    calib = eta_calibration(work, cfg)
-    effect = loss_effect(work, work / "runs" / f"InfoNCE_s{cfg['seeds'][0]}", cfg) if "InfoNCE" in cfg["methods"] else []
-    table = mean_sd(rows)
-    verdicts = claims(rows, table, pop)
-
-    img = docs / "img"
-    img.mkdir(parents=True, exist_ok=True)
-    if has_constant_eta(rows):  # its x axis is the constant eta: no such run, no figure
-        plot_eta_tradeoff(table, img / "results_eta_tradeoff.png")
-    if cfg["sweep_r"]:
-        plot_imbalance(sweep, img / "results_imbalance.png")
-    if pop:
-        plot_popularity(pop["points"], next(iter(pop["spearman"].values()))[0], img / "results_nuclr_popularity.png")
-    if {"NUCLR", "SogCLR"} <= set(rows["method"]):
-        plot_retrieval(rows, img / "results_retrieval.png")
-    shutil.copyfile(work / f"calibration_{cfg['name']}" / "calibration.png", img / "results_eta_lm.png")
-    all_rows.to_csv(work / "runs.csv", index=False)
-    wall = (time.perf_counter() - t0) / 60
-    write_results(docs / "RESULTS.md", preset, shown_command(args), cfg, rows, sweep, verdicts, pops, calib,
-                  count_test_positives(work), wall, effect)
+    if not (args.status or args.report):
+        print_plan(work, docs, preset, cfg)
+        prepare_data(work, cfg)
+        prepare_eta(work, cfg)
+        warm = warm_start(work, cfg)
+        todo = [r for r in plan_runs(cfg) if status(work, docs, preset, r) != "done"][: args.max_runs]
+        with ThreadPoolExecutor(cfg["workers"]) as pool:
+            list(pool.map(lambda r: do_run(work, docs, preset, r, cfg, warm), todo))
+        if args.eta_grid:
+            grid_search(work, docs, preset, cfg, warm)
+    states = [(r, status(work, docs, preset, r)) for r in plan_runs(cfg)]
+    print_plan(work, docs, preset, cfg)
+    if args.status:
+        return 0
+    rows, val = read_runs(docs, preset, "test"), read_runs(docs, preset, "validate")
+    verdicts = claims(rows, val)
+    write_results(results, preset, cfg, rows, val, verdicts, eta_calibration(work, docs, preset, cfg), states)
     for v in verdicts:
-        print(json.dumps({"claim": v["claim"], "metric": v["metric"], "diff": v["mean"], "ci_low": v["ci_low"],
-                          "ci_high": v["ci_high"], "verdict": v["verdict"]}))
-    for e in effect:
-        if e["metric"] in ("mean_abs_loss_diff_per_pair", "batch_loss_infonce", "batch_loss_floor"):
-            print(json.dumps({k: e[k] for k in ("metric", "eta", "anchor", "draw", "value")}))
-    print(json.dumps({"results": str(docs / "RESULTS.md"), "runs": len(all_rows), "wall_minutes": round(wall, 1)}))
+        print(json.dumps({k: v[k] for k in ("group", "claim", "metric", "seeds", "mean", "ci_low", "ci_high", "verdict")}))
+    print(json.dumps({"results": str(results), "runs_done": sum(s == "done" for _, s in states), "runs": len(states)}))
     return 0
 
 

@@ -1,5 +1,6 @@
-"""rho_sent: the frequency of a sentence's ground-truth key among training pairs (the DCL-eta_True oracle),
-against a brute-force count over the reports of a small phantom, under every sampling the trainer has."""
+"""The phantom's sentence oracles against brute-force counts over the reports of a small phantom, under every
+sampling the trainer has: q, DCL's false-negative rate of a sentence (the DCL-eta_True oracle), and rho_sent, the
+frequency of its ground-truth key among training pairs."""
 
 from collections import Counter
 
@@ -8,8 +9,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def reports():
-    """The report sentences of 60 phantom studies (half Open-i, half composed), as the planner writes them."""
+def studies():
+    """(report sentences, latent class) of 60 phantom studies (half Open-i, half composed), as the planner writes them."""
     from medclr.phantom import load_material
     from medclr.phantom.plan import plan_study
 
@@ -19,8 +20,13 @@ def reports():
         spec = plan_study(material, "both", 3, k)
         sentences = list(spec["findings_text"]) + list(spec["impression_text"])
         if sentences:
-            out.append(sentences)
+            out.append((sentences, spec["latent_class"]))
     return out
+
+
+@pytest.fixture(scope="module")
+def reports(studies):
+    return [r for r, _ in studies]
 
 
 def test_sentence_keys_read_polarity_finding_and_side():
@@ -85,22 +91,27 @@ def test_rho_sent_matches_brute_force_weighted(reports):
     assert not np.allclose(np.concatenate(got), np.concatenate(rho_sent(reports)))  # the sampling matters
 
 
-def test_training_oracle_is_rho_sent_of_the_drawn_sentence(reports):
-    """loss.eta_source=true gives each sentence its own rho_sent (the study prior is eta_source=study_prior)."""
-    import pandas as pd
+def test_false_negative_rate_is_the_drawn_share_of_studies_a_sentence_is_true_of(studies):
+    """DCL's oracle q (loss.eta_source=true) against a brute-force float64 count over 60 phantom studies: for each
+    sentence key, the sum over studies of the study's draw probability where the statement holds of it."""
+    from medclr.data.pairs import study_weights
+    from medclr.phantom.sentence_keys import false_negative_rate, key_holds, rho_sent, sentence_key
 
-    from medclr.phantom.sentence_keys import rho_sent
-    from medclr.training.data import _eta_study_prior, _eta_true
-
-    rows = pd.DataFrame({"sentences": reports, "latent_class_prob": np.linspace(0.01, 0.2, len(reports))})
-    data = {"sentence_sampling": "uniform", "other_sentence_weight": 0.1, "study_sampling": "uniform",
-            "study_balance": 0.5, "eta_max": 0.99}
-    got = _eta_true(rows, {"data": data})
-    for g, w in zip(got, rho_sent(reports)):
-        np.testing.assert_allclose(g, w.astype(np.float32))
-    assert any(len(set(g.tolist())) > 1 for g in got)  # sentences of one study differ
-    prior = _eta_study_prior(rows, "m.parquet")
-    assert [p.tolist() for p in prior[:2]] == [[np.float32(0.01)], [np.float32(rows["latent_class_prob"][1])]]
+    reports = [r for r, _ in studies]
+    classes = [c for _, c in studies]
+    own = [frozenset(sentence_key(x) for x in r) for r in reports]
+    keys = sorted({sentence_key(x) for r in reports for x in r} | {"-pneumothorax", "+pneumothorax", "normal"})
+    for weights in (None, study_weights(reports, "findings", 1.0)):
+        p = np.full(len(reports), 1 / len(reports)) if weights is None else weights / weights.sum()
+        got = false_negative_rate(keys, classes, own, p)
+        for key in keys:
+            want = 0.0
+            for cls, keys_of_report, ps in zip(classes, own, p):
+                want += float(ps) * key_holds(key, cls, keys_of_report)
+            assert got[key] == pytest.approx(want, abs=1e-12), key
+    q = false_negative_rate(["-pneumothorax"], classes, own, np.full(len(reports), 1 / len(reports)))
+    rho = {sentence_key(x): r for row, rs in zip(reports, rho_sent(reports)) for x, r in zip(row, rs)}
+    assert q["-pneumothorax"] > 5 * rho["-pneumothorax"]  # true of most images, stated in a few pairs
 
 
 def test_key_holds_reads_polarity_side_and_normal():

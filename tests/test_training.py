@@ -204,7 +204,7 @@ def test_config_layers_presets_and_overrides():
     ("infonce", ["data.augment_on=gpu"], "config data.augment_on 'gpu': expected auto, loader or device"),
     ("infonce", ["data.short_form=2"], "config data.short_form 2.0: expected a probability in [0, 1]"),
     ("nuclr", ["loss.zeta_key=report"], "config loss.zeta_key 'report': expected one of sentence, study"),
-    ("dcl_lm", ["loss.eta_source=oracle", "data.eta=x"], "expected one of none, lm, true, study_prior"),
+    ("dcl_lm", ["loss.eta_source=oracle", "data.eta=x"], "expected one of none, lm, true, rho_sent, study_prior"),
 ])
 def test_bad_config_is_one_clear_line(config, overrides, message):
     from medclr.training.config import load_config
@@ -237,41 +237,63 @@ def test_dataset_is_a_function_of_seed_epoch_index(tiny, tmp_path):
     assert not torch.equal(ds[(0, 5)]["image"], ds[(1, 5)]["image"])  # a new crop each epoch
     assert torch.equal(ds[5]["image"], ds[5]["image"])                  # the eval view is fixed
 
-    # data.short_form=1: every drawn sentence with a short form is replaced by it and keeps its eta
-    short = {"Pleural effusion.": 0.1, "No pleural effusion.": 0.3, "The heart size is normal.": 0.2,
-             "The lungs are clear.": 0.4}
-    cfg = load_config("dcl_lm", [*TINY, f"data.manifest={manifest}", f"data.eta={tmp_path / 'eta.parquet'}", "out=o",
-                                 "data.short_form=1", "hard_negatives.weight=1"])
+    # data.short_form=1: every drawn sentence with a short form is replaced by it; eta and NUCLR's text index are
+    # those of the text shown (the eta table holds the short forms: `medclr lm score` scores them)
+    shown = {"Pleural effusion.": 0.15, "No pleural effusion.": 0.35}
+    forms = pd.DataFrame({"sentence_hash": [sentence_hash(s) for s in shown], "sentence": list(shown), "count": 0,
+                          "n_tokens": 3, "n_scored": 3, "pll": -1.0, "pll_per_token": -0.3, "eta": list(shown.values())})
+    write_eta_table(pd.concat([eta, forms])[TABLE_COLUMNS], tmp_path / "eta_short.parquet", {})
+    short_cfg = [*TINY, f"data.manifest={manifest}", "out=o", "data.short_form=1", "hard_negatives.weight=1"]
+    cfg = load_config("dcl_lm", [*short_cfg, f"data.eta={tmp_path / 'eta_short.parquet'}"])
+    table = load_table(cfg)
+    assert set(shown) <= set(table.texts) and table.texts == sorted(table.texts)
     ds = PairDataset(table, cfg)
     drawn = [ds[(e, i)] for e in range(4) for i in range(len(table))]
-    assert {it["sentence"] for it in drawn} <= set(short) and {"Pleural effusion.", "No pleural effusion."} <= \
+    assert {it["sentence"] for it in drawn} <= set(shown) | set(NORMAL + FINDING) and set(shown) <= \
         {it["sentence"] for it in drawn}
     for it in drawn:
-        assert it["eta"] == pytest.approx(short[it["sentence"]])
+        assert it["eta"] == pytest.approx({**want, **shown}[it["sentence"]])
+        assert table.texts[it["text_index"]] == it["sentence"]
         if it["sentence"] == "Pleural effusion.":  # its hard negatives are made from the short form
             assert "No pleural effusion." in it["hard"]
     assert ds[5]["sentence"] in sents  # the eval view keeps the report's own sentence
     # the sentence draw alone (no image read) replays what each training view paired
     assert [ds.training_sentence(e, i)[1] for e in range(4) for i in range(len(table))] == [it["sentence"] for it in drawn]
+    with pytest.raises(MedclrError, match="short form 'No pleural effusion.'"):  # a table scored before short forms
+        load_table(load_config("dcl_lm", [*short_cfg, f"data.eta={tmp_path / 'eta.parquet'}"]))
 
-    # dcl_true: eta = rho_sent of the drawn sentence under this run's sampling (tests/test_sentence_keys.py
-    # checks rho_sent); eta_source=study_prior: the study's class probability (manifest column latent_class_prob)
+    # dcl_true: eta = DCL's false-negative rate q of the text shown, counted here by brute force: the share of the
+    # training studies (uniform draws) its statement is true of; eta_source=rho_sent and study_prior are the others
     from medclr.data.manifest import read_manifest, write_manifest
-    from medclr.phantom.sentence_keys import rho_sent
+    from medclr.phantom.sentence_keys import key_holds, rho_sent, sentence_key
 
     df = read_manifest(manifest)
+    df["latent_class"] = np.where(df["index"] % 2 == 0, "pleural_effusion:right", "normal")
     df["latent_class_prob"] = np.where(df["index"] % 2 == 0, 0.25, 0.5)
     truth = write_manifest(df, tmp_path / "truth.parquet", df.attrs["root"])
-    cfg = load_config("dcl_true", [*TINY, f"data.manifest={truth}", "out=o"])
+    cfg = load_config("dcl_true", [*short_cfg, f"data.manifest={truth}", "data.eta_max=0.9"])
+    table = load_table(cfg)
+    train = df[df["split"] == "train"]
+    studies = [(c, frozenset(sentence_key(x) for x in r)) for c, r in zip(train["latent_class"], train["sentences"])]
+    ds = PairDataset(table, cfg)
+    seen = set()
+    for e in range(2):
+        for i in range(len(table)):
+            item = ds[(e, i)]
+            key = sentence_key(item["sentence"])
+            q = sum(key_holds(key, c, own) for c, own in studies) / len(studies)
+            assert item["eta"] == pytest.approx(min(q, 0.9)) and table.texts[item["text_index"]] == item["sentence"]
+            seen.add(item["sentence"])
+    assert {"Pleural effusion.", "No pleural effusion."} <= seen  # short forms: q of the short form itself
+    assert ds.table.text_eta["No pleural effusion."] == pytest.approx(0.5)  # true of the 8 normal studies of 16
+    cfg = load_config("dcl_true", [*TINY, f"data.manifest={truth}", "out=o", "loss.eta_source=rho_sent"])
     table = load_table(cfg)
     rho = rho_sent(table.sentences, sentence_sampling=cfg["data"]["sentence_sampling"],
                    other_weight=cfg["data"]["other_sentence_weight"])
     ds = PairDataset(table, cfg)
     for i in range(4):
         item = ds[(0, i)]
-        j = table.sentences[i].index(item["sentence"]) if item["sentence"] in table.sentences[i] else None
-        assert j is not None and item["eta"] == pytest.approx(rho[i][j])
-        assert item["text_index"] == table.texts.index(item["sentence"])
+        assert item["eta"] == pytest.approx(rho[i][table.sentences[i].index(item["sentence"])])
     cfg = load_config("dcl_true", [*TINY, f"data.manifest={truth}", "out=o", "loss.eta_source=study_prior"])
     ds = PairDataset(load_table(cfg), cfg)
     assert [ds[(0, i)]["eta"] for i in range(4)] == [0.25, 0.5, 0.25, 0.5]
@@ -400,6 +422,36 @@ def test_resume_after_sigkill_matches_straight_run(tiny, tmp_path, capsys, head,
     assert _cli(_train_cmd("nuclr", smaller, lm, killed, *args)[3:] + ["--resume"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "dataset size mismatch" in err[0] and "16 pairs" in err[0] and "now has 14" in err[0]
+
+
+def test_model_init_starts_from_a_checkpoints_weights(tiny, tmp_path, capsys):
+    """model.init: a run starts from another run's weights (every tensor; the optimizer afresh); a run with a zero
+    learning rate therefore ends on exactly those weights (batch-norm statistics, which training updates
+    without the optimizer, aside). Changed weights are refused in one line."""
+    manifest, lm = tiny
+    args = ("train.batch_size=8", "ckpt.every=100", "val.every=null", "model.head=lse_nl", "model.output_stride=16")
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert _cli(_train_cmd("infonce", manifest, lm, first, *args, "train.max_steps=3")[3:]) == 0
+    assert _cli(_train_cmd("dcl", manifest, lm, second, *args, "train.max_steps=2", f"model.init={first}",
+                           "optim.lr=0", "optim.lr_text=0", "optim.warmup_steps=0")[3:]) == 0
+    a, b = _tensors(first / "model.safetensors"), _tensors(second / "model.safetensors")
+    a = {k: v for k, v in a.items() if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+    assert len(a) > 50 and all(torch.equal(a[k], b[k]) for k in a)
+    fresh = tmp_path / "fresh"
+    assert _cli(_train_cmd("dcl", manifest, lm, fresh, *args, "train.max_steps=1", "optim.lr=0", "optim.lr_text=0",
+                           "optim.warmup_steps=0")[3:]) == 0
+    assert not all(torch.equal(v, _tensors(fresh / "model.safetensors")[k]) for k, v in a.items())
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(first / "model.safetensors")
+    name = next(k for k in weights if k.startswith("image_encoder."))
+    weights[name] = -weights[name]
+    save_file(weights, first / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()
+    assert _cli(_train_cmd("dcl", manifest, lm, tmp_path / "third", *args, "train.max_steps=1",
+                           f"model.init={first}")[3:]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("model.init" in line and "SHA-256" in line for line in err), err[-3:]
 
 
 def test_resume_with_more_steps_extends_a_finished_run(tiny, tmp_path, capsys):

@@ -299,6 +299,36 @@ def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, 
     return final
 
 
+def init_weights(model: torch.nn.Module, src: str | os.PathLike) -> str:
+    """Fill ``model`` (built from this run's config) with the weights of the checkpoint ``src`` (``model.init``):
+    every tensor, shapes equal, the file's SHA-256 the one its training recorded, the same word-piece vocabulary.
+    Returns that SHA-256 (the run records where it started)."""
+    from safetensors.torch import load_model
+
+    from medclr.inference.metadata import read_metadata
+    from medclr.models.hub import load_tokenizer
+
+    src = Path(src).expanduser()
+    recorded = read_metadata(src).weights_sha256
+    sha = weights_sha256(src)
+    if recorded and sha != recorded:
+        raise MedclrError(f"config model.init {str(src)!r}: model.safetensors does not have the SHA-256 its training "
+                          "recorded (damaged or changed)")
+    try:
+        missing, unexpected = load_model(model, str(src / "model.safetensors"), strict=False)
+    except Exception as exc:  # safetensors raises its own types on a corrupt file or a shape mismatch
+        raise MedclrError(f"config model.init {str(src)!r}: its weights do not fit this run's model "
+                          f"({str(exc).splitlines()[0][:200]})") from None
+    if missing or unexpected:
+        raise MedclrError(f"config model.init {str(src)!r}: its weights do not match this run's model config "
+                          f"({len(missing)} missing, {len(unexpected)} unexpected tensors); train with its config")
+    theirs = load_tokenizer(src / "tokenizer", False).get_vocab() if (src / "tokenizer").is_dir() else None
+    if theirs is not None and theirs != model.text_encoder.tokenizer.get_vocab():
+        raise MedclrError(f"config model.init {str(src)!r}: its tokenizer differs from model.text's; start from the "
+                          "text model it was trained with")
+    return sha
+
+
 def restore_checkpoint(ckpt: Path, *, model, loss, optimizer, scheduler, scaler, env, texts: list[str] | None = None) -> dict:
     """Restore everything saved by save_checkpoint into already-built objects; returns trainer_state."""
     from safetensors.torch import load_model

@@ -32,7 +32,7 @@ ROOT_CONFIG = "base"
 # Keys of the `loss:` section that the trainer consumes itself; the rest go to build_loss.
 TRAINER_LOSS_KEYS = ("name", "eta_source", "zeta_key")
 ZETA_KEYS = ("sentence", "study")
-ETA_SOURCES = ("none", "lm", "true", "study_prior")
+ETA_SOURCES = ("none", "lm", "true", "rho_sent", "study_prior")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
@@ -254,6 +254,9 @@ def validate(cfg: dict) -> dict:
         raise MedclrError(f"config model.input_norm {m['input_norm']!r}: expected auto, imagenet or none")
     if m["image_weights"] is not None and not Path(str(m["image_weights"])).expanduser().is_file():
         raise MedclrError(f"config model.image_weights {m['image_weights']!r}: no such file")
+    if m["init"] is not None and not (Path(str(m["init"])).expanduser() / "model.safetensors").is_file():
+        raise MedclrError(f"config model.init {m['init']!r}: no model.safetensors there (expected a `medclr train` "
+                          "output dir or one of its checkpoints/step-N dirs)")
     if m["image_pretrained"] == "biovil" and m["image_weights"] is None:
         raise MedclrError("config model.image_pretrained=biovil needs model.image_weights=FILE (hi-ml-multimodal's "
                           "BioViL or BioViL-T image model .pt)")
@@ -326,7 +329,7 @@ def _validate_loss(cfg: dict) -> None:
     loss["zeta_key"] = zkey
     if name == "dcl_lm" and src == "none":
         raise MedclrError("config loss: dcl_lm needs per-pair eta; set loss.eta_source=lm (eta table), true "
-                              "(phantom: rho_sent of the drawn sentence) or study_prior (phantom: the study's class prior)")
+                              "(phantom: DCL's false-negative rate of the sentence shown), rho_sent or study_prior (phantom)")
     if src == "lm":
         eta = cfg["data"].get("eta")
         if not eta:

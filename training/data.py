@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,25 +49,43 @@ class TrainTable:
 
     paths: list[str]                # absolute image paths
     sentences: list[list[str]]
-    eta: list[np.ndarray] | None    # per row: eta per sentence (lm) or one value (true); None = no eta
+    eta: list[np.ndarray] | None    # per row: eta per sentence, or one value (study_prior); None = no eta
     manifest_index: np.ndarray      # manifest `index` of each row
     labels: np.ndarray | None       # CheX5 labels (rows x 5) for validation, else None
     fingerprint: str                # identifies the rows (resume checks it)
+    short_texts: list[str] = field(default_factory=list)  # the short forms a step may show (data.short_form > 0)
+    text_eta: dict[str, float] | None = None  # eta of every text a step may show, where eta belongs to the text
 
     def __len__(self) -> int:
         return len(self.paths)
 
     @cached_property
     def texts(self) -> list[str]:
-        """The distinct sentences of the rows, sorted: ``text_ids`` index into it."""
-        return sorted({s for row in self.sentences for s in row})
+        """The distinct texts a step may show (the rows' sentences and their short forms), sorted: ``text_ids``
+        index into it."""
+        return sorted({s for row in self.sentences for s in row}.union(self.short_texts))
+
+    @cached_property
+    def text_position(self) -> dict[str, int]:
+        """Text -> its position in :attr:`texts` (the key of sentence-keyed tables: NUCLR's text popularity with
+        ``loss.zeta_key: sentence``)."""
+        return {s: i for i, s in enumerate(self.texts)}
 
     @cached_property
     def text_ids(self) -> list[np.ndarray]:
-        """Per row, the position of each of its sentences in :attr:`texts` (the key of sentence-keyed tables:
-        NUCLR's text popularity with ``loss.zeta_key: sentence``)."""
-        pos = {s: i for i, s in enumerate(self.texts)}
+        """Per row, the position of each of its sentences in :attr:`texts`."""
+        pos = self.text_position
         return [np.array([pos[s] for s in row], dtype=np.int64) for row in self.sentences]
+
+    def shown_eta(self, i: int, j: int, shown: str) -> float | None:
+        """The eta of a step that draws sentence j of row i and shows ``shown`` (the sentence, or a short form
+        of it): the shown text's own where eta belongs to the text, else the row's (the study's prior)."""
+        if self.eta is None:
+            return None
+        if self.text_eta is not None:
+            return float(self.text_eta[shown])
+        e = self.eta[i]
+        return float(e[j] if e.shape[0] > 1 else e[0])
 
 
 def _fingerprint(df) -> str:
@@ -94,7 +112,9 @@ def read_manifest_split(manifest: str | Path, split: str):
     return usable.reset_index(drop=True), df
 
 
-def _eta_from_table(rows, cfg: dict) -> list[np.ndarray]:
+def _eta_from_table(rows, cfg: dict, texts: list[str]) -> dict[str, float]:
+    """eta_LM of every text a step may show, from the eta table (``medclr lm score`` scores the short forms too)."""
+    from medclr.data.text import sentence_hash
     from medclr.lm.eta import apply_eta, join_eta, read_eta_table
 
     path = Path(cfg["data"]["eta"]).expanduser()
@@ -105,26 +125,61 @@ def _eta_from_table(rows, cfg: dict) -> list[np.ndarray]:
         log.info("eta recomputed from pll with a=%s, k=%s (%d clipped at %s)", cfg["data"]["eta_a"],
                  cfg["data"]["eta_k"], clipped, cfg["data"]["eta_max"])
     try:
-        per_row = join_eta(rows, table)
+        join_eta(rows, table)  # every manifest sentence in the table, with a value (its one-line errors)
     except MedclrError as exc:
         raise MedclrError(f"eta table {str(path)!r}: {exc}") from None
-    flat = np.concatenate(per_row) if per_row else np.zeros(0)
-    if flat.size and (np.isnan(flat).any() or flat.min() < 0 or flat.max() >= 1):
+    by_hash = table.drop_duplicates("sentence_hash").set_index("sentence_hash")["eta"]
+    values = by_hash.reindex([sentence_hash(t) for t in texts]).to_numpy(dtype=np.float64)
+    if np.isnan(values).any():
+        first = texts[int(np.flatnonzero(np.isnan(values))[0])]
+        raise MedclrError(f"eta table {str(path)!r} has no eta for the short form {first!r} that data.short_form may "
+                          "show; score the manifest again with this version of `medclr lm score` (it adds them)")
+    if values.size and (values.min() < 0 or values.max() >= 1):
         raise MedclrError(f"eta table {str(path)!r}: eta must lie in [0, 1) for every sentence "
-                          f"(found min {np.nanmin(flat):.3g}, max {np.nanmax(flat):.3g})")
-    return [np.asarray(a, dtype=np.float32) for a in per_row]
+                          f"(found min {values.min():.3g}, max {values.max():.3g})")
+    return dict(zip(texts, values.tolist()))
 
 
-def _eta_true(rows, cfg: dict) -> list[np.ndarray]:
-    """The oracle per sentence: rho_sent, the frequency of the sentence's ground-truth key among the training
-    pairs as this run's sampler draws them (``medclr.phantom.sentence_keys``)."""
-    from medclr.phantom.sentence_keys import rho_sent
-
+def _sampling(cfg: dict) -> dict:
+    """The training config's draws, as ``medclr.data.pairs.pair_probabilities`` takes them."""
     d = cfg["data"]
-    rho = rho_sent([list(s) for s in rows["sentences"]], sentence_sampling=d["sentence_sampling"],
-                   other_weight=float(d["other_sentence_weight"]), study_sampling=d["study_sampling"],
-                   study_balance=float(d["study_balance"]))
-    return [np.minimum(r, float(d["eta_max"])).astype(np.float32) for r in rho]
+    return {"sentence_sampling": d["sentence_sampling"], "other_weight": float(d["other_sentence_weight"]),
+            "study_sampling": d["study_sampling"], "study_balance": float(d["study_balance"])}
+
+
+def _eta_true(rows, cfg: dict, texts: list[str], manifest: str) -> dict[str, float]:
+    """DCL's oracle for every text a step may show: its false-negative rate q, the probability that a negative
+    image drawn as this run's sampler draws studies is one the text is true of
+    (``medclr.phantom.sentence_keys.false_negative_rate``), capped at data.eta_max like any eta."""
+    from medclr.data.pairs import study_weights
+    from medclr.phantom.sentence_keys import false_negative_rate, sentence_key
+
+    if "latent_class" not in rows:
+        raise MedclrError(f"{manifest}: loss.eta_source=true needs the manifest column 'latent_class' (CXR-Phantom "
+                          "ground truth: medclr.data.groundtruth.attach_ground_truth)")
+    sentences = [list(s) for s in rows["sentences"]]
+    d = cfg["data"]
+    w = study_weights(sentences, d["study_sampling"], float(d["study_balance"]))
+    p = np.full(len(sentences), 1.0 / len(sentences)) if w is None else w / w.sum()
+    report_keys = [frozenset(sentence_key(s) for s in row) for row in sentences]
+    q = false_negative_rate([sentence_key(t) for t in texts], rows["latent_class"].astype(str).tolist(), report_keys, p)
+    cap = float(d["eta_max"])
+    return {t: min(q[sentence_key(t)], cap) for t in texts}
+
+
+def _eta_rho_sent(rows, cfg: dict, texts: list[str]) -> dict[str, float]:
+    """rho_sent for every text a step may show: how often its ground-truth key occurs among the training pairs as
+    this run's sampler draws them (``medclr.phantom.sentence_keys.rho_sent``; not DCL's false-negative rate)."""
+    from medclr.data.pairs import key_frequency, pair_probabilities
+    from medclr.phantom.sentence_keys import sentence_key
+
+    sentences = [list(s) for s in rows["sentences"]]
+    keys = [[sentence_key(s) for s in row] for row in sentences]
+    freq = {}
+    for row_keys, row_f in zip(keys, key_frequency(keys, pair_probabilities(sentences, **_sampling(cfg)))):
+        freq.update(zip(row_keys, row_f.tolist()))
+    cap = float(cfg["data"]["eta_max"])
+    return {t: min(freq.get(sentence_key(t), 0.0), cap) for t in texts}
 
 
 def _eta_study_prior(rows, manifest: str) -> list[np.ndarray]:
@@ -150,19 +205,33 @@ def load_table(cfg: dict, split: str | None = None, eta: bool = True) -> TrainTa
     root = Path(rows.attrs.get("root", "") or "")
     paths = [str(root / p) for p in rows["image_path"]]
     src = cfg["loss"]["eta_source"] if eta else "none"
-    eta_rows = None
+    sentences = [list(s) for s in rows["sentences"]]
+    short = _short_texts(sentences) if float(cfg["data"]["short_form"]) > 0 and split == cfg["data"]["split"] else []
+    texts = sorted({s for row in sentences for s in row}.union(short))
+    eta_rows, text_eta = None, None
     if src == "lm":
-        eta_rows = _eta_from_table(rows, cfg)
+        text_eta = _eta_from_table(rows, cfg, texts)
     elif src == "true":
-        eta_rows = _eta_true(rows, cfg)
+        text_eta = _eta_true(rows, cfg, texts, manifest)
+    elif src == "rho_sent":
+        text_eta = _eta_rho_sent(rows, cfg, texts)
     elif src == "study_prior":
         eta_rows = _eta_study_prior(rows, manifest)
+    if text_eta is not None:
+        eta_rows = [np.array([text_eta[s] for s in row], dtype=np.float32) for row in sentences]
     labels = None
     if all(c in rows for c in CHEX5):
         labels = rows[list(CHEX5)].to_numpy(dtype=np.float64)
-    return TrainTable(paths=paths, sentences=[list(s) for s in rows["sentences"]], eta=eta_rows,
-                      manifest_index=rows["index"].to_numpy(dtype=np.int64), labels=labels,
-                      fingerprint=_fingerprint(rows))
+    return TrainTable(paths=paths, sentences=sentences, eta=eta_rows, manifest_index=rows["index"].to_numpy(dtype=np.int64),
+                      labels=labels, fingerprint=_fingerprint(rows), short_texts=short, text_eta=text_eta)
+
+
+def _short_texts(sentences: list[list[str]]) -> list[str]:
+    """Every short form a step may show in place of these sentences (``data.short_form``), not already one of them."""
+    from medclr.data.hard_negatives import short_forms
+
+    distinct = {s for row in sentences for s in row}
+    return sorted({f for s in distinct for f in short_forms(s)} - distinct)
 
 
 def check_images_exist(table: TrainTable, manifest: str) -> None:
@@ -351,12 +420,6 @@ class PairDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.table)
 
-    def _eta(self, i: int, j: int) -> float | None:
-        if self.table.eta is None:
-            return None
-        e = self.table.eta[i]
-        return float(e[j] if e.shape[0] > 1 else e[0])
-
     def __getitem__(self, key):
         if isinstance(key, tuple):
             epoch, i = int(key[0]), int(key[1])
@@ -368,8 +431,9 @@ class PairDataset(torch.utils.data.Dataset):
             i, j, hard, augment = int(key), 0, [], None
             sentence = self.table.sentences[i][j]
             img = centre_crop(_plain(unit_float(self.images[i]["image"])), self.crop)
-        item = {"image": img.contiguous(), "sentence": sentence, "index": i, "eta": self._eta(i, j), "hard": hard,
-                "text_index": int(self.table.text_ids[i][j])}  # the drawn sentence (before any short form)
+        # eta and the text index follow the text shown: a short form is a sentence of its own
+        item = {"image": img.contiguous(), "sentence": sentence, "index": i, "eta": self.table.shown_eta(i, j, sentence),
+                "hard": hard, "text_index": self.table.text_position[sentence]}
         return item if augment is None else {**item, "augment": augment}
 
     def training_sentence(self, epoch: int, i: int) -> tuple[int, str]:
@@ -387,7 +451,6 @@ class PairDataset(torch.utils.data.Dataset):
         j = int(rng.integers(len(self.table.sentences[i])) if p is None else rng.choice(len(p), p=p))
         sentence = self.table.sentences[i][j]
         if self.short_form > 0 and rng.random() < self.short_form:
-            # the pair keeps its sentence's eta: the short form names the same finding
             sentence = short_form(sentence, pick=lambda n: int(rng.integers(n))) or sentence
         return j, sentence, rng, int(t_seed)
 

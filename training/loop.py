@@ -239,6 +239,10 @@ def _build(plan: Plan, env: DistEnv) -> tuple[nn.Module, ContrastiveLoss]:
                                allow_network=bool(m["allow_network"]), trust_remote_code=bool(m["trust_remote_code"]))
     if m["head"] != "cosine":
         model.head.trained = True  # the loss scores pairs through it (TwoTower, score_blocks)
+    if m["init"] is not None and plan.resume is None:  # a resumed run's weights come from its own checkpoint
+        sha = ckpt_mod.init_weights(model, m["init"])
+        if env.is_main:
+            log.info("model.init: weights from %s (SHA-256 %s...)", m["init"], sha[:12])
     if env.is_main:
         for warning in plan.loss_warnings:
             log.warning("loss %s: %s", cfg["loss"]["name"], warning)

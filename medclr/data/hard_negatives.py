@@ -245,6 +245,15 @@ def short_form(sentence: str, pick=lambda n: 0) -> str | None:
     return _cap(found[0].group(0)) + "."
 
 
+def short_forms(sentence: str) -> list[str]:
+    """Every sentence :func:`short_form` may replace ``sentence`` with (one per ``pick``), in pick order."""
+    choices = []
+    first = short_form(sentence, pick=lambda n: (choices.append(n), 0)[1])
+    if first is None:
+        return []
+    return [first] + [short_form(sentence, pick=lambda n, i=i: i) for i in range(1, choices[0] if choices else 1)]
+
+
 # Words that do not change what a sentence states about the chest ("The lungs are clear." = "Lungs clear.").
 _FILLER = frozenset(
     "the a an is are was were be been being there of and or with in on at to for this that these those as by from "

@@ -11,9 +11,13 @@ filed every sentence of its banks (``medclr.phantom.reports.build_banks``, ``med
 * ``normal``: neither (normal statements: "The lungs are clear.").
 
 So a composed report's sentence gets the key of the bank it was drawn from, and an Open-i sentence the
-key the same matcher gives it. :func:`rho_sent` turns keys into the oracle's eta with the training
-sampler's own draw probabilities (``medclr.data.pairs``); :func:`key_holds` says whether a sentence's
-statement is true of a study (its false negatives in a batch).
+key the same matcher gives it. :func:`key_holds` says whether a sentence's statement is true of a study;
+:func:`false_negative_rate` turns it into DCL's false-negative rate q of a text anchor (the chance that a
+negative image, drawn as training draws studies, is one the sentence is true of: the oracle eta of
+DCL-eta_True). :func:`rho_sent` is another quantity, kept under its own name: how often the sentence's
+key occurs among the training (report, sentence) pairs, with the sampler's own draw probabilities
+(``medclr.data.pairs``). "No cardiomegaly." is true of most images (q ~0.8) but a few per cent of the
+pairs state it (rho_sent ~0.05).
 """
 
 from __future__ import annotations
@@ -68,6 +72,23 @@ def key_holds(key: str, latent_class: str, report_keys: frozenset[str] = frozens
         if not (item in tokens or (not side and name in names) or (side and f"{name}:bilateral" in tokens)):
             return False
     return True
+
+
+def false_negative_rate(keys, latent_classes: list[str], report_keys: list[frozenset[str]],
+                        study_p: np.ndarray) -> dict[str, float]:
+    """DCL's false-negative rate of a text anchor, per sentence key: the probability that a negative image,
+    drawn as the run's sampler draws studies (``study_p``: each study's draw probability, summing to 1), is
+    one the sentence is true of (:func:`key_holds`). This is the paper's rho(c_x) for a text anchor x, the
+    eta of DCL-eta_True.
+
+    Studies are grouped by what :func:`key_holds` reads of them (the latent class, and whether the report
+    states a normal statement), so the cost is keys x groups, not keys x studies."""
+    mass: dict[tuple[str, bool], float] = {}
+    for cls, own, p in zip(latent_classes, report_keys, np.asarray(study_p, dtype=np.float64)):
+        g = (cls, NORMAL_KEY in own)
+        mass[g] = mass.get(g, 0.0) + float(p)
+    groups = [(cls, frozenset({NORMAL_KEY}) if normal else frozenset(), p) for (cls, normal), p in mass.items()]
+    return {key: float(sum(p for cls, own, p in groups if key_holds(key, cls, own))) for key in dict.fromkeys(keys)}
 
 
 def false_negative_floor(keys: list[str], latent_classes: list[str], report_keys: list[frozenset[str]]) -> np.ndarray:
