@@ -31,21 +31,22 @@ examples:
   medclr lm score --manifest openi.parquet --model runs/lm --out runs/eta.parquet
   medclr lm score --manifest m.parquet --model /models/CXR-BERT --trust-remote-code --out eta.parquet
   medclr lm score --manifest m.parquet --model runs/lm --out eta.parquet --a 0.1 --k 0.5  # cached: eta only
-  medclr lm score --manifest m.parquet --model runs/lm --out eta.parquet --eta-fit paper  # a = 0.2, k = 0.35
+  medclr lm score --manifest m.parquet --model runs/lm --out eta_rule.parquet --eta-fit meaning  # DCL-eta_rule
   medclr lm score --manifest m.parquet --model runs/lm --out eta_balanced.parquet \
       --study-sampling findings --study-balance 1  # eta for a run that draws rare findings more often
 
-The paper's eta = min(a * p^k, eta_max) with log p = the sentence's PLL (--norm sum)
-or PLL per word piece (--norm mean) is --eta-fit paper, or --a/--k. By default (--eta-fit meaning) eta is
-calibrated to how often each sentence's meaning occurs, without labels: the
-meaning key (polarity, finding, side; normal statements pooled) is read from
-the words, the LM's probability of a meaning is the sum of p_LM over its
-wordings in the corpus, and an isotonic map from that to the meaning's
-frequency among the training rows' (report, sentence) pairs is fitted in
-linear space, so the mean eta is the mean frequency (the paper's 0.2 and 0.35
-fit CXR-BERT's PLL scale only). The table's metadata records the fit (eta_params:
-the map's knots, or a and k). One row per distinct sentence: sentence_hash, sentence,
-count, n_tokens, n_scored, pll, pll_per_token, eta. Running again scores only
+eta is the paper's estimator by default: eta = min(a * p^k, eta_max) with log p = the
+sentence's pseudo-log-likelihood (--norm sum; --norm mean: PLL per word piece), a = 0.2,
+k = 0.35 (--eta-fit paper), or your own --a/--k. Those a, k were grid-searched for
+CXR-BERT's PLL scale; on a small domain LM they give a small eta (a mean of ~0.01 on the
+demo's). --eta-fit meaning is medclr's own method, DCL-eta_rule, not the paper's: eta
+from the frequency of the sentence's rule-read meaning key (polarity, finding, side;
+normal statements pooled), an isotonic map of the LM's probability of that meaning.
+The table also holds the short forms training may show in a sentence's place
+("Pneumothorax."), so a step's eta is that of the sentence it shows. The table's
+metadata records what eta is (eta_params: a and k, or the map's knots).
+One row per distinct sentence: sentence_hash, sentence, count, n_tokens,
+n_scored, pll, pll_per_token, eta. Running again scores only
 sentences not yet in --out (same model); medclr.lm.eta.join_eta aligns eta with the
 manifest's sentences for training.
 """
@@ -58,16 +59,24 @@ examples:
   medclr lm calibrate --manifest phantom.parquet --eta phantom_eta.parquet \\
       --ground-truth phantom/phantom_ground_truth.parquet --out runs/calibration
 
-Compares eta with rho_sent, the class probability it estimates: how often the
-ground-truth key of a sentence (polarity, finding, side, or "normal", read by the
-phantom's own rules) occurs among the training rows' (report, sentence) pairs as
-training draws them. Per eta variant (the table's a, k, the paper's, the
-label-free meaning fit, the earlier exact-string log fit, the best a * p^k for
-rho, constants 0.05 and 0.1): E[eta]/E[rho], Spearman, the median |log eta/rho|
-and E|1/(1-eta) - 1/(1-rho)|. Writes calibration.json, calibration.png (the
-reliability plot: mean rho against mean eta in 10 bins, and every pair) and
-per_key.csv. --ground-truth adds the study prior (latent_class_prob) for a
-study-level Spearman.
+Reports every eta variant, as measured (none is fitted to these), against two
+ground-truth quantities per training (report, sentence) pair, drawn as training
+draws them:
+  q         DCL's false-negative rate of the sentence (the DCL-eta_True oracle):
+            the probability that a negative image, drawn as training draws the
+            studies, is one the sentence is true of (read from each study's
+            latent_class and its report's sentence keys); raw, so it can exceed
+            eta_max ("No cardiomegaly." is true of most images);
+  rho_sent  how often the sentence's ground-truth key (polarity, finding, side,
+            or "normal", read by the phantom's own rules) occurs among the pairs.
+Variants: table (the table's own eta), paper (a = 0.2, k = 0.35), rule
+(DCL-eta_rule, medclr's meaning fit), sentence_fit (a * p^k fitted to the rule
+key's frequency), constant 0.05 and 0.1. Per variant and quantity y:
+E[eta]/E[y], Spearman, the median |log eta/y| and E|1/(1-eta) - 1/(1-y)|.
+Writes calibration.json, calibration.png (the reliability plot: mean q, left,
+and mean rho_sent, right, against mean eta in 10 bins) and per_key.csv. The
+manifest needs latent_class (a phantom manifest has it); --ground-truth joins
+it and the study prior latent_class_prob for a study-level Spearman.
 """
 
 _REPORT_EPILOG = """\
@@ -127,11 +136,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="a masked LM: a local directory (e.g. from `medclr lm fit`) or a hub id already in the cache")
     p.add_argument("--out", required=True, help="eta table parquet (also the cache)")
     p.add_argument("--split", default="all", help="rows to score: a split name or 'all' (default)")
-    p.add_argument("--eta-fit", choices=METHODS, default="meaning",
-                   help="how eta is calibrated when --a/--k are not given (label-free): meaning (default) maps the "
-                   "LM's probability of the sentence's meaning (summed over its wordings) to how often that meaning "
-                   "occurs among the training pairs; sentence fits eta = a * p^k on the sentence's own PLL to the "
-                   "same target; paper takes a = 0.2, k = 0.35")
+    p.add_argument("--eta-fit", choices=METHODS, default="paper",
+                   help="what eta is when --a/--k are not given: paper (default) = the paper's a = 0.2, k = 0.35; "
+                   "meaning = medclr's DCL-eta_rule (the frequency of the sentence's rule-read meaning among the "
+                   "training pairs, mapped from the LM's probability of that meaning); sentence = a * p^k fitted to "
+                   "that same rule-key frequency")
     p.add_argument("--eta-fit-split", default="train",
                    help="rows whose pairs the fit uses: a split name or 'all' (default train)")
     g = p.add_argument_group("how training draws pairs (the fit's weights; give the values of the training "
@@ -169,23 +178,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="no progress bars, transformers' included (default: bars when stderr is a terminal)")
     p.set_defaults(run=run_score)
 
-    p = sub.add_parser("calibrate", help="eta_LM against rho_sent, the class probability it estimates (phantom)",
-                       description="Compare eta_LM with rho_sent, the frequency of each sentence's ground-truth key "
+    p = sub.add_parser("calibrate", help="every eta variant against q (DCL's false-negative rate) and rho_sent "
+                       "(phantom)",
+                       description="Compare every eta variant, as measured, with q, DCL's false-negative rate of each "
+                       "sentence (the DCL-eta_True oracle), and with rho_sent, the frequency of its ground-truth key "
                        "among the training pairs (CXR-Phantom): scale, ranking, log error, reliability plot.",
                        epilog=_CAL_EPILOG,
                        formatter_class=fmt)
     p.add_argument("--manifest", required=True,
                    help="manifest with a sentences column (a CXR-Phantom manifest: its sentences carry the ground-truth keys)")
     p.add_argument("--ground-truth", default=None, metavar="PARQUET",
-                   help="also report the study prior latent_class_prob from this table (e.g. "
-                   "phantom/phantom_ground_truth.parquet), joined on dicom_id, else study_id")
+                   help="take latent_class (which q needs) and the study prior latent_class_prob from this table "
+                   "(e.g. phantom/phantom_ground_truth.parquet), joined on dicom_id, else study_id")
     p.add_argument("--eta", required=True, help="eta table from `medclr lm score`")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--norm", choices=("sum", "mean"), default=None, help="default: the eta table's")
-    p.add_argument("--fit-split", default="train", help="the rows whose pairs define rho_sent and the fits (default train)")
-    g = p.add_argument_group("how training draws pairs, for rho_sent (default: what the eta table was calibrated "
-                             "for; any of these flags: the training config's data.* keys of the same names, the "
-                             "others at their defaults)")
+    p.add_argument("--fit-split", default="train",
+                   help="the rows whose pairs and studies define q, rho_sent and the fits (default train)")
+    g = p.add_argument_group("how training draws pairs, for q and rho_sent (default: what the eta table was "
+                             "calibrated for; any of these flags: the training config's data.* keys of the same "
+                             "names, the others at their defaults)")
     g.add_argument("--sentence-sampling", choices=("uniform", "findings"), default=None)
     g.add_argument("--other-sentence-weight", type=float, default=None)
     g.add_argument("--study-sampling", choices=("uniform", "findings"), default=None)
@@ -279,9 +291,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     sampling = {k: v for k, v in given.items() if v is not None} or None  # the rest: pair_probabilities' defaults
     result = calibrate(manifest, table, args.out, eta_meta=meta, norm=args.norm, fit_split=args.fit_split,
                        sampling=sampling)
-    keys = ("mean_ratio", "spearman", "median_abs_log_ratio", "misspecification")
-    print(json.dumps({"out": args.out, "pairs": result["n_pairs"], "mean_rho": result["mean_rho"],
-                      "variants": {name: {k: v[k] for k in keys} for name, v in result["variants"].items()}}))
+    from medclr.lm.calibrate import ORACLES, STAT_KEYS
+
+    print(json.dumps({"out": args.out, "pairs": result["n_pairs"],
+                      **{k: result[k] for k in ("mean_q", "mean_rho", "spearman_q_rho", "eta_max")},
+                      "variants": {name: {o: {k: v[o][k] for k in STAT_KEYS} for o in ORACLES}
+                                   for name, v in result["variants"].items()}}))
     return 0
 
 

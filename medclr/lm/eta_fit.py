@@ -1,9 +1,13 @@
-"""Label-free calibration of eta_LM for the LM at hand: eta on the scale of how often what a sentence says occurs.
+"""medclr's own eta, DCL-eta_rule: eta on the scale of how often a sentence's rule-read meaning occurs.
 
-The paper's eta = a * p_LM(x)^k with a = 0.2, k = 0.35 was tuned for CXR-BERT's PLL scale. Another LM
-puts PLLs on another scale (the small domain LM of ``medclr lm fit`` gives most sentences PLLs of -10 to
--60), and the same a, k send eta to ~0: DCL-eta_LM becomes InfoNCE. This module calibrates eta on the
-corpus itself, without class labels.
+Not the paper's method. The paper's eta_LM = a * p_LM(x)^k (a = 0.2, k = 0.35, ``--eta-fit paper``, the
+default of ``medclr lm score``) reads nothing but the LM's pseudo-log-likelihood; its a, k were tuned for
+CXR-BERT's PLL scale, and the small domain LM of ``medclr lm fit`` (PLLs of -10 to -60) gives a mean eta
+of ~0.01 with them. This module is medclr's alternative: it reads a *meaning key* from each sentence by
+rules (``medclr.data.hard_negatives.meaning_key``: a regex list of findings, negation and hedge cues,
+side, pooled normal statements) and calibrates eta to how often that key occurs. It reads no class
+labels, but the key is a rule-based class labeller, which the paper's method avoids: so it trains as
+DCL-eta_rule, beside DCL-eta_LM, never under that name.
 
 Target. eta(x) estimates rho(c_x): how often a training pair's sentence states what x states. The
 nearest label-free quantity is the frequency of x's *meaning* among the pairs a training step draws:
@@ -18,7 +22,7 @@ and most sentences occur once, so their string frequency sits ~10x below rho.
 
 Methods (``medclr lm score --eta-fit``):
 
-* ``meaning`` (default): the LM's probability of the *meaning*, p_LM(c) = sum of p_LM(x') over the
+* ``meaning`` (DCL-eta_rule): the LM's probability of the *meaning*, p_LM(c) = sum of p_LM(x') over the
   distinct scored sentences x' with x's meaning key (log-sum-exp of their log p): the paper's
   likelihood, summed over the wordings of one statement instead of split between them. eta is an
   isotonic (monotone non-decreasing) map of log p_LM(c), fitted by weighted least squares to f in
@@ -28,12 +32,10 @@ Methods (``medclr lm score --eta-fit``):
 * ``sentence``: the paper's form eta = a * p_LM(x)^k on the sentence's own log p, a and k fitted by
   weighted least squares to f in linear space (so the mean eta lands on the mean f; a fit in log space
   lands on the geometric mean, ~10x lower for these heavy-tailed frequencies).
-* ``paper``: a = 0.2, k = 0.35.
+* ``paper``: a = 0.2, k = 0.35 (no fit; the paper's DCL-eta_LM).
 
-Measured on the demo's phantom (docs/lm.md section 6): against the true per-sentence class probability,
-the meaning map gives E[eta]/E[rho] ~0.9, Spearman ~0.6, median |log eta/rho| ~0.5; the sentence power
-law ~0.9, ~0.45, ~1.1 (the small LM ranks single wordings poorly); the earlier exact-string log fit
-0.05, 0.45, 1.9.
+How each compares with DCL's false-negative rate q and with rho_sent on a phantom: ``medclr lm calibrate``
+(docs/RESULTS.md holds the table).
 
 Only the manifest's ``split`` and ``sentences`` columns and the table's ``sentence_hash``, ``sentence``,
 ``pll``, ``n_scored`` are read: ground truth never enters.
@@ -51,7 +53,7 @@ from medclr.lm.eta import DEFAULT_A, DEFAULT_ETA_MAX, DEFAULT_K, check_eta_overr
 
 log = logging.getLogger(__name__)
 
-METHODS = ("meaning", "sentence", "paper")  # how `medclr lm score` calibrates eta when a, k are not given
+METHODS = ("paper", "meaning", "sentence")  # what `medclr lm score` makes eta when a, k are not given (paper: default)
 SAMPLING_DEFAULTS = {"sentence_sampling": "uniform", "other_weight": 0.1, "study_sampling": "uniform",
                      "study_balance": 0.5}
 
@@ -232,7 +234,7 @@ def check_eta_choice(method: str, a: float | None, k: float | None, eta_max: flo
 WEAK_FIT_SPEARMAN = 0.3
 
 
-def resolve_eta_params(eta_table: pd.DataFrame, manifest: pd.DataFrame, *, method: str = "meaning",
+def resolve_eta_params(eta_table: pd.DataFrame, manifest: pd.DataFrame, *, method: str = "paper",
                        a: float | None = None, k: float | None = None, split: str | None = "train",
                        norm: str = "sum", sampling: dict | None = None, eta_max: float = DEFAULT_ETA_MAX) -> dict:
     """The ``eta_params`` record for ``medclr lm score``: given a and k win, else ``method``.

@@ -31,6 +31,22 @@ from medclr.lm.pll import MAX_PIECES
 log = logging.getLogger(__name__)
 
 
+def with_short_forms(current: pd.DataFrame) -> pd.DataFrame:
+    """The table's sentences plus the short forms training may show in their place (``data.short_form``:
+    "Small left apical pneumothorax." -> "Pneumothorax."), count 0 where the manifest does not hold them: a
+    step's eta is that of the sentence it shows. A few dozen distinct strings, so scoring them costs seconds."""
+    from medclr.data.hard_negatives import short_forms
+    from medclr.data.text import sentence_hash
+
+    known = set(current["sentence"])
+    forms = sorted({f for s in current["sentence"] for f in short_forms(s)} - known)
+    if not forms:
+        return current
+    add = pd.DataFrame({"sentence_hash": [sentence_hash(f) for f in forms], "sentence": forms,
+                        "count": np.zeros(len(forms), dtype=np.int64)})
+    return pd.concat([current, add], ignore_index=True)
+
+
 def score_manifest(
     manifest: pd.DataFrame,
     model,
@@ -41,7 +57,7 @@ def score_manifest(
     split: str | None = None,
     a: float | None = None,
     k: float | None = None,
-    eta_fit: str = "meaning",
+    eta_fit: str = "paper",
     fit_split: str | None = "train",
     sampling: dict | None = None,
     norm: str = "sum",
@@ -64,11 +80,12 @@ def score_manifest(
     resumes where it stopped. ``max_pieces`` bounds the work one sentence can cost
     (``medclr.lm.pll.MAX_PIECES``). Returns a summary dict.
 
-    a, k: given together, eta = a * p^k with them; else ``eta_fit`` calibrates eta
-    (``medclr.lm.eta_fit``): ``"meaning"`` (default) maps the LM's probability of the sentence's
-    meaning to how often that meaning occurs among the ``fit_split`` rows' pairs (drawn as
-    ``sampling`` says: ``medclr.data.pairs.pair_probabilities`` keywords, default uniform),
-    ``"sentence"`` fits a, k on the sentence's own PLL, ``"paper"`` takes 0.2 and 0.35.
+    a, k: given together, eta = a * p^k with them; else ``eta_fit`` says (``medclr.lm.eta_fit``):
+    ``"paper"`` (default) takes the paper's a = 0.2 and k = 0.35; ``"meaning"`` is medclr's own rule-key
+    calibration (DCL-eta_rule), which maps the LM's probability of the sentence's rule-read meaning to how
+    often that meaning occurs among the ``fit_split`` rows' pairs (drawn as ``sampling`` says:
+    ``medclr.data.pairs.pair_probabilities`` keywords, default uniform); ``"sentence"`` fits a, k on the
+    sentence's own PLL to that same rule-key frequency.
     """
     from medclr.lm.load import model_fingerprint
     from medclr.lm.pll import model_max_length, score_sentences
@@ -84,6 +101,7 @@ def score_manifest(
     current = pd.DataFrame({"sentence_hash": first["sentence_hash"].to_numpy(),
                             "sentence": first["sentence"].to_numpy()})
     current["count"] = counts.reindex(current["sentence_hash"]).to_numpy().astype(np.int64)
+    current = with_short_forms(current)
     max_length = int(model_max_length(model, tokenizer))
     compat = {"fingerprint": model_fingerprint(model, tokenizer), "pll_variant": "word_l2r" if word_l2r else "original",
               "long": long, "max_length": max_length}
