@@ -86,20 +86,20 @@ PRESETS = {
     # 2 CPU cores: the cpu_zeroshot recipe (ResNet-18 to layer3 at 64 px, LSE+NL on an 8x8 grid, finding-balanced
     # study draws, short forms, the rule hard-negative term) at batch 64. One InfoNCE warm start of 600 steps, then
     # each method x seed fine-tuned 300 steps from it (the recipe's LR schedule restarted): ~15 min a run.
-    "cpu": {"n": 3000, "eval_per_class": 250, "seeds": [0, 1, 2], "warm_steps": 600, "steps": 300, "workers": 1,
+    "cpu": {"n": 3000, "eval_per_class": 250, "seeds": [0, 1, 2], "warm_steps": 600, "steps": 300, "workers": 1, "keep_last": 1,
             "threads": 2, "plan": PLAN, "eta_sampling": ["--sentence-sampling", "findings", "--study-sampling",
                                                           "findings", "--study-balance", "1"],
             "train": _CPU_TRAIN, "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "200", "--no-figures"]},
     # One GPU (sized for an H100 with 16 cores): the gpu_small recipe from scratch for 2,500 steps, every method of
     # the plan x 3 seeds side by side (21+ small runs, 1 loader thread each, the images cached once on disk).
-    "gpu": {"n": 3000, "eval_per_class": 250, "seeds": [0, 1, 2], "warm_steps": 0, "steps": 2500, "workers": 24,
+    "gpu": {"n": 3000, "eval_per_class": 250, "seeds": [0, 1, 2], "warm_steps": 0, "steps": 2500, "workers": 24, "keep_last": 1,
             "threads": 1, "plan": PLAN, "eta_sampling": ["--sentence-sampling", "findings"],
             "train": ["preset=gpu_small", "log.every=50", "val.every=null", "data.cache=disk",
                       "data.cache_dir={work}/image_cache", "data.num_workers=1"],
             "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "1000", "--no-figures"]},
     # The pipeline end to end at toy size on a CPU (a 240-study phantom, 6 + 6 steps of batch 16 at 32 px): it
     # checks that every step runs, not what it measures.
-    "tiny": {"n": 240, "eval_per_class": 10, "seeds": [0, 1], "warm_steps": 6, "steps": 6, "workers": 1,
+    "tiny": {"n": 240, "eval_per_class": 10, "seeds": [0, 1], "warm_steps": 6, "steps": 6, "workers": 1, "keep_last": 10,
              "threads": 2, "plan": [("P1", ["InfoNCE", "DCL-eta_LM"])], "eta_sampling": ["--sentence-sampling",
                                                                                          "findings"],
              "train": [*_CPU_TRAIN, "train.batch_size=16", "data.resize=36", "data.crop=32", "train.device=cpu"],
@@ -179,9 +179,19 @@ def train_command(work: Path, out: Path, cfg: dict, config: str, seed: int, step
     """`medclr train` of one run; `--resume` when an earlier invocation left checkpoints (exact resume)."""
     resume = ["--resume"] if (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("step-*")) else []
     return ["train", "--config", config, *[o.format(work=work) for o in cfg["train"]], f"train.max_steps={steps}",
-            f"ckpt.every={max(1, steps // 10)}", "ckpt.keep_last=1", "train.max_minutes=null", "log.progress=false",
-            f"seed={seed}", f"data.manifest={work / 'manifest.parquet'}", f"model.text={work / 'lm'}", f"out={out}",
-            *extra, *resume]
+            f"ckpt.every={max(1, steps // 10)}", f"ckpt.keep_last={cfg['keep_last']}", "train.max_minutes=null",
+            "log.progress=false", f"seed={seed}", f"data.manifest={work / 'manifest.parquet'}",
+            f"model.text={work / 'lm'}", f"out={out}", *extra, *resume]
+
+
+def trained(out: Path) -> bool:
+    """Whether the run in OUT trained all its steps (every checkpoint publishes its weights to OUT, so their
+    presence says nothing)."""
+    path = out / "trainer_state.json"
+    if not path.is_file():
+        return False
+    state = json.loads(path.read_text())
+    return int(state["step"]) >= int(state["total_steps"])
 
 
 def warm_start(work: Path, cfg: dict) -> Path | None:
@@ -189,7 +199,7 @@ def warm_start(work: Path, cfg: dict) -> Path | None:
     if not cfg["warm_steps"]:
         return None
     out = work / "warm"
-    if not (out / "model.safetensors").exists():
+    if not trained(out):
         print(f"== warm start: InfoNCE, {cfg['warm_steps']} steps", file=sys.stderr, flush=True)
         medclr_process([train_command(work, out, cfg, "infonce", 0, cfg["warm_steps"], ["loss.anchor=text"])],
                        work / "logs" / "warm.log", cfg["threads"])
@@ -212,7 +222,7 @@ def status(work: Path, docs: Path, preset: str, run: Run) -> str:
     if metrics_path(docs, preset, run.name).exists():
         return "done"
     steps = sorted((work / "runs" / run.name / "checkpoints").glob("step-*"))
-    if (work / "runs" / run.name / "model.safetensors").exists():
+    if trained(work / "runs" / run.name):
         return "partial (trained, not evaluated)"
     return f"partial (step {int(steps[-1].name.split('-')[1])})" if steps else "missing"
 
@@ -258,7 +268,7 @@ def do_run(work: Path, docs: Path, preset: str, run: Run, cfg: dict, warm: Path 
     run_dir = work / "runs" / run.name
     splits = splits or (("validate", "test") if run.label in DCL_ETAS else ("test",))
     start = time.perf_counter()
-    commands = [] if (run_dir / "model.safetensors").exists() else [run_train_args(work, run, cfg, warm, eta_override)]
+    commands = [] if trained(run_dir) else [run_train_args(work, run, cfg, warm, eta_override)]
     commands += [eval_command(run_dir, work, cfg, run.seed, s) for s in splits
                  if not (run_dir / f"eval_{s}" / "metrics.json").exists()]
     if commands:
