@@ -6,14 +6,18 @@ sampler draws them), one sentence each (as a training step draws it), in batches
 of B; images in the checkpoint's deterministic view (resize, centre crop); similarities as the training
 loop scores them (head.score on head.image_side, i.e. score_blocks in one process). Per pair, the
 per-pair loss of medclr.losses (the rows build_loss(...) averages; the batch means are checked against
-the modules), text-anchored (the paper's Eq. 7) and symmetric (medclr's form before the paper's), with eta:
-the table's own (the label-free meaning calibration of medclr.lm.eta_fit by default); from the table's PLL,
-the paper's a, k, the sentence power law fitted in linear space and the exact-string log-space fit (the
-earlier default); and on a phantom, rho_sent of the drawn sentence
-(the oracle, medclr.phantom.sentence_keys) as a reference. InfoNCE's batch loss is reported beside
-(below ~3.0 at B = 64 the model tells its negatives apart, and eta can matter), and the batches' own floor
-(medclr.phantom.sentence_keys.false_negative_floor: log of how many images of its batch a drawn sentence is
-true of, the least loss a model reaches when it cannot tell those images apart).
+the modules), text-anchored (the paper's Eq. 7) and symmetric (medclr's form before the paper's), with eta
+per variant of `medclr lm calibrate` (medclr.lm.calibrate): the table's own (the paper's a, k by default);
+from the table's PLL, the paper's a = 0.2, k = 0.35 ("paper") and the sentence power law fitted in linear
+space to the rule-key frequency ("sentence_fit"); "rule", medclr's DCL-eta_rule (the isotonic map of
+medclr.lm.eta_fit, refitted here as calibrate refits it); the constants 0.05 and 0.1; and on a phantom,
+rho_sent of the drawn sentence (how often its ground-truth key occurs among the training pairs,
+medclr.phantom.sentence_keys.rho_sent; not DCL's false-negative rate q) as a reference. InfoNCE's batch loss
+is reported beside (below ~3.0 at B = 64 the model tells its negatives apart, and eta can matter), and the
+batches' "batch_loss_floor" (medclr.phantom.sentence_keys.false_negative_floor: log of how many images of
+its batch a drawn sentence is true of). That is the text-anchored InfoNCE loss of a model that can tell apart
+only which sentences hold of which images, treating every image the sentence is true of as interchangeable;
+it is not a bound: a model that knows each study's latent class can go below it.
 
     python bench/bench_eta_fit.py --manifest M --eta eta.parquet --checkpoint CKPT_DIR [--n 512 --batch 64]
 
@@ -47,12 +51,14 @@ def main(argv: list[str] | None = None) -> int:
                          "study_sampling, e.g. finding-balanced); sentences within a study always as the sampler")
     args = ap.parse_args(argv)
 
+    import pandas as pd
     import torch
 
     from medclr.data.manifest import read_manifest
     from medclr.inference import load_checkpoint
     from medclr.lm.calibrate import calibrate
-    from medclr.lm.eta import DEFAULT_A, DEFAULT_K, eta_from_pll, read_eta_table
+    from medclr.lm.eta import DEFAULT_A, DEFAULT_ETA_MAX, DEFAULT_K, eta_from_pll, read_eta_table
+    from medclr.lm.eta_fit import eta_of_table
     from medclr.losses import build_loss
     from medclr.losses.functional import dcl_rows, info_nce_rows
 
@@ -63,12 +69,21 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:  # the fits, as `medclr lm calibrate` reports them
-        variants = calibrate(manifest, table, tmp, eta_meta=meta)["variants"]
-    # "table": the table's own eta (the meaning calibration by default; no a, k); the rest are a * p^k
-    choices = {"table": (meta.get("a"), meta.get("k")), "paper": (DEFAULT_A, DEFAULT_K),
-               "sentence_fit": (variants["sentence_fit"]["a"], variants["sentence_fit"]["k"]),
-               "string_fit": (variants["string_fit"]["a"], variants["string_fit"]["k"])}
+        cal = calibrate(manifest, table, tmp, eta_meta=meta)
+    variants = cal["variants"]
+    # eta = a * p^k from the table's PLL
+    power = {"paper": (DEFAULT_A, DEFAULT_K),
+             "sentence_fit": (variants["sentence_fit"]["a"], variants["sentence_fit"]["k"])}
+    constants = {"constant 0.05": 0.05, "constant 0.1": 0.1}
+    # "table": the table's own eta (a, k as its metadata says; none for a DCL-eta_rule table); "rule": the
+    # isotonic map (no a, k); the constants: no a, k (JSON null)
+    choices = {"table": (meta.get("a"), meta.get("k")), **power, "rule": (None, None),
+               **{name: (None, None) for name in constants}}
     tab = table.drop_duplicates("sentence_hash").set_index("sentence_hash")
+    rule_eta = pd.Series(eta_of_table(table, {"source": "meaning", "fit": cal["rule_fit"]}, norm=norm,
+                                      eta_max=float(meta.get("eta_max", DEFAULT_ETA_MAX)))[0],
+                         index=table["sentence_hash"].to_numpy())
+    rule_eta = rule_eta[~rule_eta.index.duplicated()]
 
     from medclr.data.text import sentence_hash
 
@@ -89,15 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     sentences = [s[int(rng.choice(len(s), p=w / w.sum()))] for s, w in zip(rows["sentences"], within)]
     hashes = [sentence_hash(s) for s in sentences]
     pll, n_scored = tab["pll"].reindex(hashes).to_numpy(), tab["n_scored"].reindex(hashes).to_numpy()
-    etas = {name: eta_from_pll(pll, n_scored, a=a, k=k, norm=norm) for name, (a, k) in choices.items() if name != "table"}
+    etas = {name: eta_from_pll(pll, n_scored, a=a, k=k, norm=norm) for name, (a, k) in power.items()}
     etas["table"] = tab["eta"].reindex(hashes).to_numpy(dtype=np.float64)
+    etas["rule"] = rule_eta.reindex(hashes).to_numpy(dtype=np.float64)
+    etas.update({name: np.full(len(hashes), c) for name, c in constants.items()})
     from medclr.phantom.sentence_keys import false_negative_floor, rho_sent, sentence_key
 
     keys = [[sentence_key(x) for x in row] for row in train["sentences"]]
     rho_rows = rho_sent([list(x) for x in train["sentences"]], **sampling)
     rho = {k: float(v) for ks, vs in zip(keys, rho_rows) for k, v in zip(ks, vs)}
-    etas["rho_sent"] = np.array([rho[sentence_key(x)] for x in sentences])  # the oracle (loss.eta_source=true)
-    # how low these batches' InfoNCE loss can go at all: a sentence true of several images of its batch
+    # rho_sent: the key's share of the pairs (a reference; not DCL's false-negative rate q of loss.eta_source=true)
+    etas["rho_sent"] = np.array([rho[sentence_key(x)] for x in sentences])
+    # the InfoNCE loss of a model that tells apart only which sentences hold of which images (every image of the
+    # batch a sentence is true of alike); not a bound: a model that knows the studies' latent classes goes below
     report_keys = [frozenset(sentence_key(x) for x in row) for row in rows["sentences"]]
     drawn_keys = [sentence_key(x) for x in sentences]
     floor = np.concatenate([false_negative_floor(drawn_keys[b:b + args.batch], list(rows["latent_class"].iloc[b:b + args.batch]),
@@ -137,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                "pairs": sum(len(d) for d in per_pair["paper", "text"]), "batch": args.batch, "tau": args.tau,
                "seed": args.seed, "head": head.kind, "draw": args.draw}
     print(json.dumps({"bench": "eta_fit", "metric": "batch_loss_floor", "value": float(floor.mean()), "unit": "nat",
-                      "eta": None, "anchor": "text", "a": None, "k": None, **context}))
+                      "eta": None, "anchor": "text", "a": None, "k": None,
+                      "description": "text-anchored InfoNCE loss of a model that can tell apart only which sentences "
+                                     "hold of which images (every image of the batch a sentence is true of alike: "
+                                     "log of how many); not a bound, a model that knows each study's latent class "
+                                     "goes below it", **context}))
     for (name, an), diffs in per_pair.items():
         a, k = choices[name]
         d = np.concatenate(diffs)

@@ -100,8 +100,8 @@ PRESETS = {
     # The pipeline end to end at toy size on a CPU (a 240-study phantom, 6 + 6 steps of batch 16 at 32 px): it
     # checks that every step runs, not what it measures.
     "tiny": {"n": 240, "eval_per_class": 10, "seeds": [0, 1], "warm_steps": 6, "steps": 6, "workers": 1, "keep_last": 10,
-             "threads": 2, "plan": [("P1", ["InfoNCE", "DCL-eta_LM"])], "eta_sampling": ["--sentence-sampling",
-                                                                                         "findings"],
+             "threads": 1, "lm_fit": ["--epochs", "1", "--layers", "2", "--hidden", "64", "--heads", "2"],
+             "plan": [("P1", ["InfoNCE", "DCL-eta_LM"])], "eta_sampling": ["--sentence-sampling", "findings"],
              "train": [*_CPU_TRAIN, "train.batch_size=16", "data.resize=36", "data.crop=32", "train.device=cpu"],
              "eval": ["--tasks", "zeroshot,grounding,retrieval", "--n-boot", "20", "--no-figures"]},
 }
@@ -140,7 +140,7 @@ def prepare_data(work: Path, cfg: dict) -> None:
     for step in demo_plan(work, args)[:4]:
         if not step.output.exists():
             print(f"== {step.name}", file=sys.stderr, flush=True)
-            run_cli(step.argv)
+            run_cli(step.argv + (cfg.get("lm_fit", []) if step.argv[:2] == ["lm", "fit"] else []))
 
 
 def eta_table(work: Path, name: str) -> Path:
@@ -199,10 +199,12 @@ def warm_start(work: Path, cfg: dict) -> Path | None:
     if not cfg["warm_steps"]:
         return None
     out = work / "warm"
-    if not trained(out):
+    commands = [] if trained(out) else [train_command(work, out, cfg, "infonce", 0, cfg["warm_steps"], ["loss.anchor=text"])]
+    if not (out / "eval_test" / "metrics.json").exists():  # where every run starts: what fine-tuning adds is read off it
+        commands.append(eval_command(out, work, cfg, 0, "test"))
+    if commands:
         print(f"== warm start: InfoNCE, {cfg['warm_steps']} steps", file=sys.stderr, flush=True)
-        medclr_process([train_command(work, out, cfg, "infonce", 0, cfg["warm_steps"], ["loss.anchor=text"])],
-                       work / "logs" / "warm.log", cfg["threads"])
+        medclr_process(commands, work / "logs" / "warm.log", cfg["threads"])
     return out
 
 
@@ -294,7 +296,7 @@ def warm_record(warm: Path) -> dict:
 
     state = json.loads((warm / "trainer_state.json").read_text())
     return {"steps": state["step"], "loss": state["config"]["loss"]["name"], "seed": state["seed"],
-            "weights_sha256": weights_sha256(warm)}
+            "weights_sha256": weights_sha256(warm), "test": evaluated(warm / "eval_test" / "metrics.json")}
 
 
 def git_commit() -> str | None:
@@ -476,14 +478,16 @@ def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, val: p
     old = path.read_text() if path.exists() else ""
     reading = old.split(READING_MARK, 1)[1] if READING_MARK in old else "\n## Reading\n\n(not written yet)\n"
     done = sum(s == "done" for _, s in states)
-    warm = (f"every run fine-tuned for {cfg['steps']} steps from one InfoNCE warm start of {cfg['warm_steps']} steps "
+    records = [json.loads(p.read_text()) for p in sorted((path.parent / "replication" / preset / "runs").glob("*.json"))]
+    warm = next((r["warm_start"] for r in records if (r.get("warm_start") or {}).get("test")), None)
+    start = (f"every run fine-tuned for {cfg['steps']} steps from one InfoNCE warm start of {cfg['warm_steps']} steps "
             "(the same weights for every run; its SHA-256 is in each run's metrics)" if cfg["warm_steps"]
             else f"every run trained from scratch for {cfg['steps']} steps")
     lines = ["# Results: the papers' claims on CXR-Phantom", "",
              f"Rebuilt by `python bench/paper_replication.py --preset {preset} --report` from the run metrics under "
              f"`docs/replication/{preset}/runs/` ({done} of {len(states)} planned runs done). Data: the demo's "
              f"{cfg['n']}-study phantom, its domain LM and PLLs; {' '.join(o for o in cfg['train'] if 'cache' not in o)}; "
-             f"{warm}; only the loss and its eta differ. Evaluated on the phantom's test split: CheX5 zero-shot AUC "
+             f"{start}; only the loss and its eta differ. Evaluated on the phantom's test split: CheX5 zero-shot AUC "
              "with the paper's prompts (Table 2), MS-CXR-format grounding CNR/mIoU, box-sentence retrieval Recall "
              "(mean of R@10/50/100) and MedR. Paired differences are over the seeds both methods ran, with a "
              "Student-t 95 % CI; a constant eta is chosen per metric on the validation split.", "",
@@ -496,6 +500,10 @@ def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, val: p
         lines.append("| | (no claim has its runs yet) | | | | |")
     lines += ["", "## Every method (test split, mean ± sd over seeds)", "",
               "| Method | seeds | CheX5 AUC | ACC | CNR | mIoU | Recall | MedR |", "|---|---|---|---|---|---|---|---|"]
+    if warm:
+        lines.append(f"| *warm start (InfoNCE, {warm['steps']} steps): where every run starts* | 1 | "
+                     + " | ".join(fmt_mean_sd(pd.Series([warm["test"].get(m)], dtype=float), 1 if m == "MedR" else 3)
+                                  for m in METRICS) + " |")
     for label, g in rows.groupby("method", sort=False) if len(rows) else []:
         lines.append(f"| {label} | {len(g)} | " + " | ".join(fmt_mean_sd(g[m], 1 if m == "MedR" else 3) for m in METRICS) + " |")
     classes = [c for c in rows.columns if c.startswith("AUC ")]

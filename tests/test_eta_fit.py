@@ -174,9 +174,9 @@ def test_fit_is_label_free(tmp_path):
     assert resolve_eta_params(table, bare) == resolve_eta_params(table, shuffled)
     # calibrate (which has the ground truth) reports the same label-free fit beside the paper's a, k
     res = calibrate(manifest, table, tmp_path / "cal", eta_meta={"norm": "sum"})
-    assert res["meaning_fit"] == fit
+    assert res["rule_fit"] == fit
     v = res["variants"]
-    assert v["meaning_fit"]["mean_eta"] == pytest.approx(fit["mean_eta"])  # same map, same pairs, same weights
+    assert v["rule"]["mean_eta"] == pytest.approx(fit["mean_eta"])  # same map, same pairs, same weights
     sentence = res["sentence_fit"]
     assert (v["sentence_fit"]["a"], v["sentence_fit"]["k"]) == (sentence["a"], sentence["k"])
     assert (v["paper"]["a"], v["paper"]["k"]) == (0.2, 0.35)
@@ -189,17 +189,21 @@ def test_zero_slope_and_fallback(caplog):
     manifest, table = _corpus()
     inverted = table.assign(pll=-table["pll"] - 100.0)  # an LM that ranks rare meanings first
     caplog.clear()
-    resolve_eta_params(table, manifest)
+    resolve_eta_params(table, manifest, method="meaning")
     assert "ranks the sentences' meanings weakly" not in caplog.text
-    resolve_eta_params(inverted, manifest)  # a fit that is used, from an LM that ranks the wrong way: said
-    assert "ranks the sentences' meanings weakly" in caplog.text and "--eta-a/--eta-k" in caplog.text
+    resolve_eta_params(inverted, manifest)  # the default (the paper's a, k) uses no fit: nothing to warn about
+    assert "ranks the sentences' meanings weakly" not in caplog.text
+    resolve_eta_params(inverted, manifest, method="meaning")  # a fit that is used, from an LM that ranks the
+    assert "ranks the sentences' meanings weakly" in caplog.text and "--eta-a/--eta-k" in caplog.text  # wrong way
     fit = fit_eta_sentence(inverted, manifest)
     _, y, w = _reference_pairs(manifest, inverted)
     assert fit["k"] == pytest.approx(0.0, abs=1e-9) and fit["k_zero"]
     assert fit["a"] * np.exp(fit["k"] * -100.0) == pytest.approx(np.sum(w * y) / np.sum(w), rel=1e-6)
     flat = table.assign(pll=-5.0, sentence="Same meaning.")  # no spread in log p: no fit, the paper's a, k
-    rec = resolve_eta_params(flat, manifest)
+    caplog.clear()
+    rec = resolve_eta_params(flat, manifest, method="meaning")
     assert (rec["a"], rec["k"], rec["source"]) == (0.2, 0.35, "paper") and "error" in rec["fit"]
+    assert "no meaning fit of eta" in caplog.text
     with pytest.raises(MedclrError, match="both a and k"):
         resolve_eta_params(table, manifest, a=0.1)
     with pytest.raises(MedclrError, match="eta fit"):
@@ -207,11 +211,25 @@ def test_zero_slope_and_fallback(caplog):
     # no train rows: the fit falls back to all rows
     assert fit_eta_meaning(table, manifest.assign(split="test"))["split"] == "all"
     assert resolve_eta_params(table, manifest, method="sentence")["source"] == "sentence"
+    # the default is the paper's a, k; the meaning fit is still made and kept on record
+    rec = resolve_eta_params(table, manifest)
+    assert (rec["a"], rec["k"], rec["source"]) == (0.2, 0.35, "paper") and rec["fit"] == fit_eta_meaning(table, manifest)
+
+
+# the short forms of _corpus's sentences (medclr.data.hard_negatives.short_forms) that it does not hold itself:
+# score_manifest adds them to the table with count 0
+SHORT_FORMS = ["Atelectasis.", "Cardiomegaly.", "Pleural effusion.", "Pneumonia.", "Pneumothorax."]
+
+
+def _fake_pll(sentence: str) -> float:
+    """The fake LM's PLL of a sentence _corpus does not hold (its short forms): -len, so -10 to -17."""
+    return -float(len(sentence))
 
 
 @pytest.fixture
 def fake_scorer(monkeypatch):
-    """score_manifest without a model: PLL from the table of _corpus (a fake LM with a fixed fingerprint)."""
+    """score_manifest without a model: PLL from the table of _corpus, else :func:`_fake_pll` (a fake LM with a
+    fixed fingerprint)."""
     import medclr.lm.load
     import medclr.lm.pll
 
@@ -219,12 +237,60 @@ def fake_scorer(monkeypatch):
     pll = table.set_index("sentence")
 
     def score(sentences, *args, **kwargs):
-        n = pll.loc[sentences, "n_scored"].to_numpy()
-        return SimpleNamespace(pll=pll.loc[sentences, "pll"].to_numpy(), n_tokens=n, n_scored=n)
+        known = [s in pll.index for s in sentences]
+        n = np.array([pll.loc[s, "n_scored"] if k else len(s.split()) + 1 for s, k in zip(sentences, known)])
+        p = np.array([pll.loc[s, "pll"] if k else _fake_pll(s) for s, k in zip(sentences, known)])
+        return SimpleNamespace(pll=p, n_tokens=n, n_scored=n)
 
     monkeypatch.setattr(medclr.lm.pll, "score_sentences", score)
     monkeypatch.setattr(medclr.lm.pll, "model_max_length", lambda model, tok: 128)
     monkeypatch.setattr(medclr.lm.load, "model_fingerprint", lambda model, tok: "fake")
+
+
+def _with_short_forms(table):
+    """_corpus's table plus SHORT_FORMS as score_manifest adds them: count 0, the fake LM's PLL."""
+    from medclr.data.text import sentence_hash
+
+    n = np.array([len(f.split()) + 1 for f in SHORT_FORMS])
+    pll = np.array([_fake_pll(f) for f in SHORT_FORMS])
+    add = pd.DataFrame({"sentence_hash": [sentence_hash(f) for f in SHORT_FORMS], "sentence": SHORT_FORMS,
+                        "count": 0, "n_tokens": n, "n_scored": n, "pll": pll, "pll_per_token": pll / n, "eta": 0.0})
+    return pd.concat([table, add], ignore_index=True)
+
+
+def test_score_default_is_the_papers_eta_on_every_row_short_forms_included(fake_scorer, tmp_path):
+    """By default the table's eta is the paper's, min(0.2 * exp(0.35 * pll), eta_max), on every row, the short
+    forms (count 0) included; given a, k (cached PLLs: eta only) make it min(a * exp(k * pll), eta_max)."""
+    from medclr.data.hard_negatives import short_forms
+    from medclr.lm.eta import read_eta_table
+    from medclr.lm.score import score_manifest
+
+    manifest, table = _corpus()
+    held = set(table["sentence"])
+    assert sorted({f for s in held for f in short_forms(s)} - held) == SHORT_FORMS
+    out = tmp_path / "eta.parquet"
+    summary = score_manifest(manifest, None, None, out, progress=False)
+    got, meta = read_eta_table(out)
+    assert summary["eta_params"] == "paper" and (summary["a"], summary["k"]) == (0.2, 0.35)
+    assert (meta["a"], meta["k"], meta["eta_params"]["source"], meta["eta_max"]) == (0.2, 0.35, "paper", 0.5)
+    # every sentence of the manifest with its count, and the short forms with count 0
+    counts = got.set_index("sentence")["count"]
+    assert sorted(got["sentence"]) == sorted(held | set(SHORT_FORMS)) and got["sentence_hash"].is_unique
+    assert (counts[SHORT_FORMS] == 0).all() and (counts.drop(SHORT_FORMS) > 0).all()
+    assert counts.drop(SHORT_FORMS).sum() == sum(len(r) for r in manifest["sentences"])
+    np.testing.assert_array_equal(counts[SHORT_FORMS].index, SHORT_FORMS)
+    np.testing.assert_allclose(got.set_index("sentence").loc[SHORT_FORMS, "pll"], [_fake_pll(f) for f in SHORT_FORMS])
+    np.testing.assert_allclose(got["eta"], np.minimum(0.2 * np.exp(0.35 * got["pll"]), 0.5), rtol=1e-12, atol=0)
+    assert got["eta"].max() < 0.5 and meta["n_clipped"] == 0
+    # given a, k: some rows clip at eta_max (pll > 20 log(0.5 / 0.9) = -11.8), short forms among both kinds
+    summary = score_manifest(manifest, None, None, out, a=0.9, k=0.05, progress=False)
+    got, meta = read_eta_table(out)
+    assert summary["scored"] == 0 and (meta["a"], meta["k"], meta["eta_params"]["source"]) == (0.9, 0.05, "given")
+    raw = 0.9 * np.exp(0.05 * got["pll"].to_numpy())
+    np.testing.assert_allclose(got["eta"], np.minimum(raw, 0.5), rtol=1e-12, atol=0)
+    short = got["count"].to_numpy() == 0
+    assert (raw[short] > 0.5).any() and (raw[short] < 0.5).any() and (raw[~short] > 0.5).any()
+    assert meta["n_clipped"] == summary["clipped"] == int((raw > 0.5).sum())
 
 
 def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
@@ -234,9 +300,9 @@ def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
 
     manifest, table = _corpus()
     out = tmp_path / "eta.parquet"
-    summary = score_manifest(manifest, None, None, out, progress=False)
+    summary = score_manifest(manifest, None, None, out, eta_fit="meaning", progress=False)
     got, meta = read_eta_table(out)
-    fit = fit_eta_meaning(table, manifest)
+    fit = fit_eta_meaning(_with_short_forms(table), manifest)  # the table's sentences: the short forms too
     assert meta["eta_params"] == {"source": "meaning", "fit": fit}  # JSON round trip, exact floats
     assert meta["a"] is None and summary["eta_params"] == "meaning"
     from medclr.lm.eta_fit import eta_of_table
@@ -251,36 +317,38 @@ def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
     assert (meta["a"], meta["k"], meta["eta_params"]["source"]) == (0.1, 0.5, "given")
     assert meta["eta_params"]["fit"] == fit
     np.testing.assert_allclose(got["eta"], np.minimum(0.1 * np.exp(0.5 * got["pll"]), 0.5))
-    score_manifest(manifest, None, None, out, eta_fit="paper", progress=False)
-    assert read_eta_table(out)[1]["a"] == 0.2
+    summary = score_manifest(manifest, None, None, out, progress=False)  # the default: the paper's a, k
+    got, meta = read_eta_table(out)
+    assert (meta["a"], meta["k"], meta["eta_params"]["source"], summary["eta_params"]) == (0.2, 0.35, "paper", "paper")
+    assert meta["eta_params"]["fit"] == fit
     with pytest.raises(MedclrError, match="both a and k"):
         score_manifest(manifest, None, None, out, k=0.5, progress=False)
 
 
 def test_training_reads_fitted_and_old_tables(fake_scorer, tmp_path):
+    from medclr.data.text import sentence_hash
     from medclr.lm.eta import read_eta_table, write_eta_table
     from medclr.lm.score import score_manifest
     from medclr.training.data import _eta_from_table
 
     manifest, _ = _corpus()
     out = tmp_path / "eta.parquet"
-    score_manifest(manifest, None, None, out, progress=False)
+    score_manifest(manifest, None, None, out, eta_fit="meaning", progress=False)  # a fitted table (DCL-eta_rule)
     table, meta = read_eta_table(out)
     old = tmp_path / "old.parquet"  # a table written before the fit: a, k, no eta_params
     write_eta_table(table.assign(eta=np.minimum(0.2 * np.exp(0.35 * table["pll"]), 0.5)), old,
                     {k: v for k, v in meta.items() if k != "eta_params"} | {"a": 0.2, "k": 0.35})
     rows = manifest[manifest["split"] == "train"]
+    # every text a step may show: the rows' sentences and their short forms (all in the table)
+    texts = sorted({s for r in rows["sentences"] for s in r} | set(SHORT_FORMS))
     by_hash = table.set_index("sentence_hash")
     cfg = {"data": {"eta": str(out), "eta_a": None, "eta_k": None, "eta_max": 0.99}}
-    fitted = _eta_from_table(rows, cfg)
-    from medclr.data.text import sentence_hash
-
-    want = [by_hash.loc[[sentence_hash(s) for s in r], "eta"].to_numpy(np.float32) for r in rows["sentences"]]
-    assert all(np.array_equal(g, w) for g, w in zip(fitted, want))
+    fitted = _eta_from_table(rows, cfg, texts)
+    assert list(fitted) == texts
+    np.testing.assert_array_equal([fitted[t] for t in texts], by_hash.loc[[sentence_hash(t) for t in texts], "eta"])
     assert read_eta_table(old)[1].get("eta_params") is None
     for path in (out, old):  # data.eta_a / eta_k override whatever the table holds
         cfg = {"data": {"eta": str(path), "eta_a": 0.05, "eta_k": 0.1, "eta_max": 0.99}}
-        got = _eta_from_table(rows, cfg)
-        want = [np.minimum(0.05 * np.exp(0.1 * by_hash.loc[[sentence_hash(s) for s in r], "pll"].to_numpy()), 0.99)
-                .astype(np.float32) for r in rows["sentences"]]
-        assert all(np.allclose(g, w, rtol=1e-6) for g, w in zip(got, want))
+        got = _eta_from_table(rows, cfg, texts)
+        want = np.minimum(0.05 * np.exp(0.1 * by_hash.loc[[sentence_hash(t) for t in texts], "pll"].to_numpy()), 0.99)
+        np.testing.assert_allclose([got[t] for t in texts], want, rtol=1e-12)

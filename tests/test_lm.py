@@ -181,8 +181,10 @@ def test_one_huge_sentence_costs_bounded_work(tiny, caplog):
 
 def test_score_saves_as_it_goes_and_resumes_after_a_kill(tiny, tmp_path, monkeypatch):
     """score_manifest writes the table after each block once save_every_s has passed (0 here: every block); a run
-    killed in its third block resumes from the two blocks saved and scores only the rest."""
+    killed in its third block resumes from the two blocks saved and scores only the rest (the short forms
+    included)."""
     import medclr.lm.pll as pll_mod
+    from medclr.data.hard_negatives import short_forms
     from medclr.data.manifest import read_manifest
     from medclr.lm.eta import read_eta_table
     from medclr.lm.score import score_manifest
@@ -190,6 +192,8 @@ def test_score_saves_as_it_goes_and_resumes_after_a_kill(tiny, tmp_path, monkeyp
     model, tok = tiny
     words = ["effusion", "heart", "normal", "right", "small", "clear", "there", "is"]
     sentences = [f"{a} {b} {c}." for a in words for b in words for c in words[:2]][:40]
+    forms = {f for x in sentences for f in short_forms(x)} - set(sentences)
+    assert forms == {"Effusion."}  # the table also holds it, count 0: 41 sentences to score
     manifest = read_manifest(_manifest(tmp_path / "m.parquet", [[x] for x in sentences]))
     out = tmp_path / "eta.parquet"
     real, calls = pll_mod.score_sentences, []
@@ -207,7 +211,9 @@ def test_score_saves_as_it_goes_and_resumes_after_a_kill(tiny, tmp_path, monkeyp
     assert len(saved) == 20 and saved["pll"].notna().all()
     monkeypatch.setattr(pll_mod, "score_sentences", real)
     summary = score_manifest(manifest, model, tok, out, block=10, save_every_s=0, eta_fit="paper", progress=False)
-    assert (summary["cached"], summary["scored"]) == (20, 20)
+    assert (summary["cached"], summary["scored"]) == (20, 20 + len(forms))
+    table, _ = read_eta_table(out)
+    assert len(table) == 41 and table.set_index("sentence")["count"]["Effusion."] == 0
 
 
 @pytest.mark.parametrize("bad", [[""], ["ok.", "   "], "a string", [3], ["ok.", "\u200b"]])
@@ -319,34 +325,44 @@ def test_score_cli_caches_and_joins(tiny, tmp_path, capsys):
             "--device", "cpu"]
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert first["distinct"] == 5 and first["scored"] == 5 and first["sentences"] == 6
+    # 5 distinct sentences and 2 short forms ("Pleural effusion.", "Effusion."), all scored
+    assert (first["distinct"], first["short_forms"], first["scored"], first["sentences"]) == (5, 2, 5 + 2, 6)
     table, meta = read_eta_table(out)
     assert list(table.columns)[:8] == ["sentence_hash", "sentence", "count", "n_tokens", "n_scored", "pll",
                                        "pll_per_token", "eta"]
-    # default: the meaning calibration (tests/test_eta_fit.py checks the fit); no a, k then
-    assert meta["eta_params"]["source"] == "meaning" and meta["pll_variant"] == "original"
-    assert meta["a"] is None and first["a"] is None and meta["eta_params"]["fit"]["knots_eta"]
+    counts = table.set_index("sentence")["count"]
+    assert counts["Pleural effusion."] == counts["Effusion."] == 0 and (counts > 0).sum() == 5
+    # default: the paper's a = 0.2, k = 0.35 (the meaning fit is made and kept on record)
+    assert meta["eta_params"]["source"] == "paper" and meta["pll_variant"] == "original"
+    assert (meta["a"], meta["k"]) == (first["a"], first["k"]) == (0.2, 0.35) and meta["eta_params"]["fit"]["knots_eta"]
     ref = pseudo_log_likelihood(table["sentence"].tolist(), model, tok, progress=False)
     np.testing.assert_allclose(table["pll"], ref, atol=1e-5)
+    np.testing.assert_allclose(table["eta"], np.minimum(0.2 * np.exp(0.35 * table["pll"]), 0.5), rtol=1e-12)
+    assert counts["Heart size is normal."] == 2
+    # --eta-fit meaning (DCL-eta_rule): cached PLLs, eta from the meaning map (tests/test_eta_fit.py checks the fit)
+    assert main(args + ["--eta-fit", "meaning"]) == 0
+    meaning = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert meaning["scored"] == 0 and meaning["cached"] == 7 and meaning["a"] is None
+    table, meta = read_eta_table(out)
+    assert meta["eta_params"]["source"] == "meaning" and meta["a"] is None
     from medclr.lm.eta_fit import eta_of_table
 
     np.testing.assert_allclose(table["eta"], eta_of_table(table, meta["eta_params"], norm="sum", eta_max=0.5)[0])
-    assert table.set_index("sentence")["count"]["Heart size is normal."] == 2
     joined = join_eta(read_manifest(m), table)
     assert [len(j) for j in joined] == [3, 2, 1] and joined[0][1] == joined[2][0]
     # second run with one new sentence and new a, k: only that sentence is scored, eta recomputed for all
     _manifest(m, rows + [["Calcified granuloma in the left upper lobe."]])
     assert main(args + ["--a", "0.1", "--k", "0.5"]) == 0
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert second["scored"] == 1 and second["cached"] == 5
+    assert second["scored"] == 1 and second["cached"] == 7  # the new sentence has no short form
     table2, meta2 = read_eta_table(out)
-    assert len(table2) == 6 and meta2["a"] == 0.1 and meta2["eta_params"]["source"] == "given"
+    assert len(table2) == 8 and meta2["a"] == 0.1 and meta2["eta_params"]["source"] == "given"
     np.testing.assert_allclose(table2["eta"], np.minimum(0.1 * np.exp(0.5 * table2["pll"]), 0.5))
     # --rescore: every sentence scored again, none taken from the table
     assert main(args + ["--rescore"]) == 0
     third = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert third["scored"] == 6 and third["cached"] == 0
-    # the report: PLL against sentence frequency
+    assert third["scored"] == 8 and third["cached"] == 0
+    # the report: PLL against sentence frequency, over the manifest's sentences (count > 0: not the short forms)
     assert main(["lm", "report", "--eta", str(out), "--out", str(tmp_path / "rep")]) == 0
     rep = json.loads((tmp_path / "rep" / "lm_report.json").read_text())
     assert rep["distinct_sentences"] == 6 and (tmp_path / "rep" / "lm_pll_distribution.png").exists()
@@ -498,11 +514,11 @@ def test_fit_on_cuda(tmp_path):
     assert np.all(pseudo_log_likelihood(["Heart size is normal."], m2, t2, progress=False) < 0)
 
 
-def test_calibrate_against_rho_sent(tmp_path):
-    """A table whose eta is exactly rho_sent (by construction) scores 1 / 1 / 0; the paper's a, k do not;
-    the best a * p^k recovers the a, k that built the PLLs."""
+def test_calibrate_against_q_and_rho_sent(tmp_path):
+    """A table whose eta is exactly rho_sent (by construction) scores 1 / 1 / 0 against it; the paper's a, k do
+    not; every variant is also reported against q, and the json, csv and plot carry both."""
     from medclr.data.text import sentence_hash
-    from medclr.lm.calibrate import GROUND_TRUTH, calibrate
+    from medclr.lm.calibrate import GROUND_TRUTH, ORACLES, STAT_KEYS, calibrate
     from medclr.phantom.sentence_keys import sentence_key
 
     wordings = ["No pneumothorax.", "Small left pleural effusion.", "The lungs are clear.", "Mild cardiomegaly.",
@@ -513,8 +529,11 @@ def test_calibrate_against_rho_sent(tmp_path):
             for _ in range(120)]
     rows = [[str(x) for x in r] for r in rows]
     splits = ["train" if i % 4 else "test" for i in range(120)]
+    # each study's latent class: what its report asserts ("normal" when it asserts nothing)
+    classes = ["|".join(sorted({sentence_key(x)[1:] for x in r if sentence_key(x).startswith("+")})) or "normal"
+               for r in rows]
     manifest = pd.DataFrame({"index": np.arange(120), "split": splits, "sentences": rows,
-                             "latent_class": "c", "latent_class_prob": np.linspace(0.01, 0.3, 120)})
+                             "latent_class": classes, "latent_class_prob": np.linspace(0.01, 0.3, 120)})
     train = [r for r, sp in zip(rows, splits) if sp == "train"]
     mass = {}
     for r in train:  # rho_sent by brute force: uniform reports, uniform sentences
@@ -527,18 +546,26 @@ def test_calibrate_against_rho_sent(tmp_path):
     table = pd.DataFrame({"sentence_hash": [sentence_hash(x) for x in sents], "sentence": sents, "count": 1,
                           "n_tokens": 4, "n_scored": 4, "pll": pll, "pll_per_token": pll / 4, "eta": rho})
     res = calibrate(manifest, table, tmp_path / "cal", eta_meta={"norm": "sum", "eta_max": 0.5})
-    t = res["variants"]["table"]
+    assert set(res["variants"]) == {"table", "paper", "rule", "sentence_fit", "constant 0.05", "constant 0.1"}
+    t = res["variants"]["table"]["rho_sent"]
     assert t["mean_ratio"] == pytest.approx(1.0) and t["spearman"] == pytest.approx(1.0)
     assert t["median_abs_log_ratio"] == pytest.approx(0.0, abs=1e-12) and t["misspecification"] == pytest.approx(0.0)
-    g = res["variants"]["ground_truth_power"]
-    assert g["a"] == pytest.approx(a, rel=1e-4) and g["k"] == pytest.approx(k, rel=1e-4)
-    assert res["variants"]["paper"]["median_abs_log_ratio"] > 0.5
+    assert res["variants"]["paper"]["rho_sent"]["median_abs_log_ratio"] > 0.5
+    for v in res["variants"].values():
+        assert all(set(v[o]) == set(STAT_KEYS) for o in ORACLES)
+        assert np.isfinite(v["q"]["mean_ratio"]) and np.isfinite(v["q"]["misspecification"])
+    assert res["variants"]["constant 0.1"]["q"]["mean_ratio"] == pytest.approx(0.1 / res["mean_q"])
     assert res["mean_rho"] == pytest.approx(sum(mass[sentence_key(x)] / (len(train) * len(r)) for r in train
                                                 for x in r))
+    assert 0 < res["mean_q"] < 1 and -1 <= res["spearman_q_rho"] <= 1 and res["eta_max"] == 0.5
     assert res["n_keys"] == len({sentence_key(x) for r in train for x in r}) and "study" in res
     assert (tmp_path / "cal" / "calibration.png").stat().st_size > 10_000
-    assert len(pd.read_csv(tmp_path / "cal" / "per_key.csv")) == res["n_keys"]
-    assert set(res["reliability"]) == {"table", "sentence_fit", "string_fit", "paper"}
+    per_key = pd.read_csv(tmp_path / "cal" / "per_key.csv")
+    assert len(per_key) == res["n_keys"] and {"q", "rho"} <= set(per_key)
+    assert set(res["reliability"]) == {"table", "paper", "rule"}
+    assert set(res["reliability"]["table"]) == {"eta", "q", "rho_sent", "weight"}
+    with pytest.raises(MedclrError, match="latent_class"):
+        calibrate(manifest.drop(columns=["latent_class"]), table, tmp_path / "cal2")
     # ground truth from a separate table (the phantom's), joined on dicom_id
     from medclr.data.groundtruth import attach_ground_truth
     from medclr.lm.calibrate import GROUND_TRUTH_JOIN
@@ -552,3 +579,51 @@ def test_calibrate_against_rho_sent(tmp_path):
     assert joined["latent_class_prob"].tolist() == prior
     with pytest.raises(MedclrError, match="not found"):
         attach_ground_truth(manifest, tmp_path / "missing.parquet", **GROUND_TRUTH_JOIN)
+
+
+@pytest.mark.parametrize("study_sampling", ["uniform", "findings"])
+def test_sentence_pairs_q_is_the_false_negative_rate(study_sampling):
+    """q of each training pair = sum over the training studies of P(study) * [the sentence is true of it], by a
+    float64 loop; the test row counts neither as a pair nor as a study."""
+    from medclr.data.pairs import study_weights
+    from medclr.data.text import sentence_hash
+    from medclr.lm.calibrate import sentence_pairs
+    from medclr.lm.eta import TABLE_COLUMNS
+    from medclr.phantom.sentence_keys import key_holds, sentence_key
+
+    rows = [(["No pneumothorax.", "The lungs are clear."], "normal", "train"),
+            (["Small left pleural effusion.", "No pneumothorax."], "pleural_effusion:left", "train"),
+            (["The heart is enlarged.", "No pneumothorax."], "cardiomegaly", "train"),
+            (["The heart is enlarged.", "Small left pleural effusion."], "cardiomegaly|pleural_effusion:left", "train"),
+            (["No pneumothorax."], "normal", "train"),
+            (["The lungs are clear.", "The heart is enlarged."], "cardiomegaly", "train"),  # "normal" by its report
+            (["Small left pleural effusion."], "pleural_effusion:bilateral", "train"),
+            (["The lungs are clear."], "pleural_effusion:left", "test")]
+    manifest = pd.DataFrame({"index": np.arange(len(rows)) + 10, "sentences": [r[0] for r in rows],
+                             "latent_class": [r[1] for r in rows], "split": [r[2] for r in rows]})
+    assert [sentence_key(s) for s in ("No pneumothorax.", "Small left pleural effusion.", "The heart is enlarged.",
+                                      "The lungs are clear.")] == ["-pneumothorax", "+pleural_effusion:left",
+                                                                   "+cardiomegaly", "normal"]
+    sents = sorted({s for r in rows for s in r[0]})
+    table = pd.DataFrame({"sentence_hash": [sentence_hash(s) for s in sents], "sentence": sents, "count": 1,
+                          "n_tokens": 5, "n_scored": 5, "pll": -np.arange(1.0, len(sents) + 1), "pll_per_token": 0.0,
+                          "eta": 0.05})[TABLE_COLUMNS]
+    sampling = {"study_sampling": study_sampling, "study_balance": 1.0}
+    p = sentence_pairs(manifest, table, "sum", "train", sampling)
+    train = [r for r in rows if r[2] == "train"]
+    w = study_weights([r[0] for r in train], study_sampling, 1.0)
+    w = np.ones(len(train)) if w is None else np.asarray(w, dtype=np.float64)
+    w = w / w.sum()
+    own = [frozenset(sentence_key(s) for s in r[0]) for r in train]
+    want = [sum(float(wj) * key_holds(sentence_key(s), r[1], keys) for wj, r, keys in zip(w, train, own))
+            for r in train for s in r[0]]
+    assert p["sentence"].tolist() == [s for r in train for s in r[0]]
+    np.testing.assert_allclose(p["q"].to_numpy(), want, rtol=1e-12, atol=0)
+    if study_sampling == "uniform":  # by hand: left effusion in studies 1, 3 and 6 (bilateral); "normal" in 0, 4, 5
+        q = dict(zip(p["sentence"], p["q"]))
+        assert q["Small left pleural effusion."] == pytest.approx(3 / 7)
+        assert q["The lungs are clear."] == pytest.approx(3 / 7) and q["No pneumothorax."] == pytest.approx(1.0)
+    with pytest.raises(MedclrError, match="latent_class"):
+        sentence_pairs(manifest.drop(columns=["latent_class"]), table, "sum", "train")
+    with pytest.raises(MedclrError, match="latent_class"):
+        sentence_pairs(manifest.assign(latent_class=[None] + [r[1] for r in rows[1:]]), table, "sum", "train")

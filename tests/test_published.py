@@ -166,13 +166,20 @@ def test_lm_score_with_a_cxr_bert_folder_end_to_end(cxr_bert_dir, tmp_path, caps
     assert main(["lm", "score", "--manifest", str(manifest), "--model", str(folder), "--out", str(out),
                  "--a", "0.2", "--k", "0.35", "--no-progress", "--device", "cpu"]) == 0
     table, meta = read_eta_table(out)
-    assert len(table) == 4 and meta["a"] == 0.2 and meta["k"] == 0.35
+    assert len(table) == 4 + 1 and meta["a"] == 0.2 and meta["k"] == 0.35
+    assert table.set_index("sentence")["count"]["Pneumothorax."] == 0  # the short form training may show
     # PLL with the original class (hi-ml's CXRBertModel); the tokenizer is the vocabulary's (checked above)
     tokenizer = BertTokenizerFast.from_pretrained(folder)
     assert tokenizer(["lungs are clear"])["input_ids"] == _tokens(folder, ["lungs are clear"])["input_ids"].tolist()
     ref = pseudo_log_likelihood(table["sentence"].tolist(), reference, tokenizer, progress=False)
     np.testing.assert_allclose(table["pll"], ref, atol=1e-4)
     np.testing.assert_allclose(table["eta"], np.minimum(0.2 * np.exp(0.35 * table["pll"]), 0.5), rtol=1e-6)
+    # the paper's a, k are also the default (cached PLLs: eta only)
+    assert main(["lm", "score", "--manifest", str(manifest), "--model", str(folder), "--out", str(out),
+                 "--no-progress", "--device", "cpu"]) == 0
+    again, meta = read_eta_table(out)
+    assert (meta["a"], meta["k"], meta["eta_params"]["source"]) == (0.2, 0.35, "paper")
+    np.testing.assert_allclose(again["eta"], table["eta"], rtol=1e-12)
 
 
 def test_a_run_starts_from_biovil_and_cxr_bert(cxr_bert_dir, tmp_path):

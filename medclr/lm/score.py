@@ -101,6 +101,7 @@ def score_manifest(
     current = pd.DataFrame({"sentence_hash": first["sentence_hash"].to_numpy(),
                             "sentence": first["sentence"].to_numpy()})
     current["count"] = counts.reindex(current["sentence_hash"]).to_numpy().astype(np.int64)
+    distinct = len(current)
     current = with_short_forms(current)
     max_length = int(model_max_length(model, tokenizer))
     compat = {"fingerprint": model_fingerprint(model, tokenizer), "pll_variant": "word_l2r" if word_l2r else "original",
@@ -118,8 +119,9 @@ def score_manifest(
             extra = old[~old["sentence_hash"].isin(current["sentence_hash"])].assign(count=0)
     known = current.merge(cached, on="sentence_hash", how="left")
     todo = np.flatnonzero(known["pll"].isna().to_numpy())
-    log.info("%d sentences (%d distinct) in the manifest; %d already scored, %d to score with %s",
-             len(st), len(current), len(current) - len(todo), len(todo), model_name or type(model).__name__)
+    log.info("%d sentences (%d distinct) in the manifest and %d short forms of them; %d already scored, %d to score "
+             "with %s", len(st), distinct, len(current) - distinct, len(current) - len(todo), len(todo),
+             model_name or type(model).__name__)
     meta = {**compat, "model": model_name, "norm": norm, "eta_max": eta_max}
 
     def write(table):
@@ -161,7 +163,8 @@ def score_manifest(
     if n_clip:
         log.warning("%d sentences had eta > eta_max = %g and were clipped", n_clip, eta_max)
     eta = table.loc[table["count"] > 0, "eta"]
-    summary = {"out": str(out), "sentences": len(st), "distinct": len(current), "scored": int(len(todo)),
+    summary = {"out": str(out), "sentences": len(st), "distinct": distinct, "short_forms": len(current) - distinct,
+               "scored": int(len(todo)),
                "cached": int(len(current) - len(todo)), "clipped": n_clip, "seconds": round(time.monotonic() - t0, 1),
                "a": params.get("a"), "k": params.get("k"), "eta_params": params["source"],
                "eta_quantiles": {q: float(eta.quantile(q)) for q in (0.0, 0.1, 0.5, 0.9, 1.0)}}

@@ -92,10 +92,13 @@ def false_negative_rate(keys, latent_classes: list[str], report_keys: list[froze
 
 
 def false_negative_floor(keys: list[str], latent_classes: list[str], report_keys: list[frozenset[str]]) -> np.ndarray:
-    """Per text anchor of one batch (row i pairs sentence key i with study i), the lowest text-anchored
-    InfoNCE loss a model can reach when it cannot tell apart the images its sentence is equally true of:
-    log of how many images of the batch the statement holds for (its own always counted). A uniform batch
-    full of normal studies has a high floor that no training removes; DCL's eta is the correction for it."""
+    """Per text anchor of one batch (row i pairs sentence key i with study i), the text-anchored InfoNCE loss
+    of a model that can tell apart only which sentences hold of which images: log of how many images of the
+    batch the statement holds for (its own always counted). Such a model treats every image the sentence is
+    true of as interchangeable (scores them alike, and above the others), so its own image gets 1/count of the
+    softmax. It is not a bound on what a model can reach: a model that knows each study's latent class can
+    score the images the sentence is true of unequally (some classes' reports state it more often than
+    others') and go below it. A batch of many normal studies puts it high for normal statements."""
     n = len(keys)
     counts = np.ones(n)
     for i, key in enumerate(keys):
