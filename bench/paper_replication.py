@@ -480,6 +480,7 @@ def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, val: p
     done = sum(s == "done" for _, s in states)
     records = [json.loads(p.read_text()) for p in sorted((path.parent / "replication" / preset / "runs").glob("*.json"))]
     warm = next((r["warm_start"] for r in records if (r.get("warm_start") or {}).get("test")), None)
+    shas = {r["warm_start"]["weights_sha256"] for r in records if r.get("warm_start")}
     start = (f"every run fine-tuned for {cfg['steps']} steps from one InfoNCE warm start of {cfg['warm_steps']} steps "
             "(the same weights for every run; its SHA-256 is in each run's metrics)" if cfg["warm_steps"]
             else f"every run trained from scratch for {cfg['steps']} steps")
@@ -490,7 +491,10 @@ def write_results(path: Path, preset: str, cfg: dict, rows: pd.DataFrame, val: p
              f"{start}; only the loss and its eta differ. Evaluated on the phantom's test split: CheX5 zero-shot AUC "
              "with the paper's prompts (Table 2), MS-CXR-format grounding CNR/mIoU, box-sentence retrieval Recall "
              "(mean of R@10/50/100) and MedR. Paired differences are over the seeds both methods ran, with a "
-             "Student-t 95 % CI; a constant eta is chosen per metric on the validation split.", "",
+             "Student-t 95 % CI; a constant eta is chosen per metric on the validation split."
+             + (f" **The runs start from {len(shas)} different warm starts** (a warm start retrained on another "
+                "machine need not be bit-identical): compare the weights_sha256 of their metrics." if len(shas) > 1 else ""),
+             "",
              "## The claims", "",
              "| | Claim | Metric | seeds | mean A − B [95 % CI] | Verdict |", "|---|---|---|---|---|---|"]
     for v in verdicts:

@@ -10,6 +10,9 @@
 * :func:`check_free_space` is the preflight of a writer that may need a lot of space (checkpoints, an index,
   a score table): its rough estimate against the free space of the target's filesystem, refused in one line
   before any work starts when it clearly does not fit.
+* :func:`refuse_foreign` is the one rule for a writer's target: what is already there is replaced only when it
+  is that writer's own earlier output (or the user says ``--overwrite``), else refused in one line.
+* :func:`stable_safetensors` makes a safetensors file's bytes a function of its tensors and metadata only.
 
 Folder swaps (a checkpoint step, the index's data folder) rename whole folders with the same
 ``os.replace`` after fsyncing every file in them; they keep their own code.
@@ -17,16 +20,18 @@ Folder swaps (a checkpoint step, the index's data folder) rename whole folders w
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+import struct
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from medclr.errors import MedclrError
 
-__all__ = ["atomic_path", "check_free_space", "fsync_dir", "write_text"]
+__all__ = ["atomic_path", "check_free_space", "fsync_dir", "refuse_foreign", "stable_safetensors", "write_text"]
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:
@@ -78,6 +83,56 @@ def check_free_space(path: str | os.PathLike, needed: int, what: str) -> None:
     if needed > free:
         raise MedclrError(f"{path}: about {_size(needed)} needed for {what}, but its filesystem has {_size(free)} "
                           "free; free some space or write elsewhere")
+
+
+def refuse_foreign(path: str | os.PathLike, is_ours: Callable[[Path], bool], what: str,
+                   overwrite: bool | None = None, flag: str = "--out") -> None:
+    """Raise MedclrError (one line) when ``path`` holds something (a file, or a folder with anything in it) that
+    ``is_ours`` does not recognise as ``what``, the writer's own earlier output (which it resumes or replaces).
+
+    ``overwrite``: None for a writer without an ``--overwrite`` flag; True when the user passed it (anything there
+    is then replaced). A missing path or an empty folder is always free."""
+    target = Path(path)
+    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
+        return
+    if overwrite or is_ours(target):
+        return
+    if target.is_dir():
+        held = f"the folder holds other files (not {what})"
+        fix = "choose a new or empty folder"
+    else:
+        held = f"the file there is not {what}"
+        fix = "choose another path"
+    if overwrite is not None:
+        fix = f"pass --overwrite to replace it, or {fix}"
+    raise MedclrError(f"{flag} {target}: {held}; {fix}")
+
+
+def stable_safetensors(path: str | os.PathLike) -> None:
+    """Rewrite the header of the safetensors file ``path`` in place so that its bytes depend on its tensors and
+    metadata only.
+
+    The safetensors library writes the ``__metadata__`` map in the order of a Rust HashMap, which is seeded anew
+    in every process: two saves of the same tensors with two metadata keys differed in their header (and so in
+    their SHA-256, which checkpoints record). The header is written back as compact JSON with the metadata keys
+    sorted (the tensors keep their order and offsets), padded with spaces to its old length (the format allows
+    trailing spaces), so the data is not moved."""
+    with open(path, "r+b") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+        if "__metadata__" in header:
+            header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) <= n:
+            fh.seek(8)
+            fh.write(text + b" " * (n - len(text)))
+            return
+        # not expected (the library writes this compact JSON, in another order): a longer header moves the data
+        data = fh.read()
+        size = -(-len(text) // 8) * 8  # the data stays 8-byte aligned
+        fh.seek(0)
+        fh.write(struct.pack("<Q", size) + text + b" " * (size - len(text)) + data)
+        fh.truncate()
 
 
 def _size(n: int) -> str:
