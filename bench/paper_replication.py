@@ -464,12 +464,15 @@ def calibration_lines(calib: dict | None) -> list[str]:
     names = {"paper": "paper (DCL-eta_LM: a = 0.2, k = 0.35)", "rule": "rule (DCL-eta_rule)",
              "sentence_fit": "a * p^k fitted to the rule-key frequency", "constant 0.05": "constant 0.05",
              "constant 0.1": "constant 0.1"}
+    def rank(value) -> str:  # a constant eta has no ranking
+        return "–" if value is None or not np.isfinite(value) else f"{value:+.3f}"
+
     for name, label in names.items():
         if name in v:
             x = v[name]
-            lines.append(f"| {label} | {x['mean_eta']:.4f} | {x['q']['mean_ratio']:.3f} | {x['q']['spearman']:+.3f} | "
+            lines.append(f"| {label} | {x['mean_eta']:.4f} | {x['q']['mean_ratio']:.3f} | {rank(x['q']['spearman'])} | "
                          f"{x['q']['misspecification']:.3f} | {x['rho_sent']['mean_ratio']:.2f} | "
-                         f"{x['rho_sent']['spearman']:+.3f} |")
+                         f"{rank(x['rho_sent']['spearman'])} |")
     return lines + [""]
 
 
