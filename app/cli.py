@@ -35,7 +35,9 @@ sites' pages: see docs/app.md). Named API endpoints for gradio_client: /preview,
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a `medclr train` checkpoint directory")
+    parser.add_argument("--checkpoint", required=True, metavar="DIR",
+                        help="a `medclr train` checkpoint directory, or the name of a model shipped with medclr "
+                        "(`medclr models`)")
     parser.add_argument("--index", metavar="DIR", help="retrieval index from `medclr index build` (same checkpoint)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes "
                         "the app to the network: use --auth)")
@@ -94,7 +96,13 @@ def run(args: argparse.Namespace) -> int:
         raise MedclrError("--max-upload-mb: expected > 0")
     if args.keep_minutes <= 0:
         raise MedclrError("--keep-minutes: expected > 0")
-    if not Path(args.checkpoint).is_dir():
+    from medclr.pretrained import resolve
+
+    try:  # a checkpoint folder, or a model shipped in the package by name (its files checked here, once)
+        checkpoint = resolve(args.checkpoint)
+    except MedclrError as exc:
+        raise MedclrError(f"--checkpoint: {exc}") from None
+    if not checkpoint.is_dir():
         raise MedclrError(f"--checkpoint {args.checkpoint!r}: no such directory (expected a `medclr train` output)")
     if args.index and not Path(args.index).is_dir():
         raise MedclrError(f"--index {args.index!r}: no such directory (build one with `medclr index build`)")
@@ -123,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     from medclr.index import load_index
     from medclr.inference import load_checkpoint
 
-    engine = load_checkpoint(args.checkpoint, device=args.device)
+    engine = load_checkpoint(checkpoint, device=args.device)
     index = load_index(args.index, engine, verify=True) if args.index else None  # hashes checked once, at start
     if index is None:
         log.warning("app: no --index given; the retrieval tab will say so")

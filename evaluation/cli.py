@@ -61,8 +61,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--checkpoint", required=True, action="append", metavar="DIR",
-                        help="a `medclr train` output directory; repeat it to evaluate several (e.g. training seeds) "
-                        "and pool them: --checkpoint runs/s0 --checkpoint runs/s1 (see below)")
+                        help="a `medclr train` output directory (or a shipped model's name: `medclr models`); "
+                        "repeat it to evaluate several (e.g. training seeds) and pool them: --checkpoint runs/s0 "
+                        "--checkpoint runs/s1 (see below)")
     parser.add_argument("--manifest", "--data", dest="data", required=True, metavar="PATH",
                         help="manifest parquet (as the other commands name it; --data is the older spelling), or a "
                              "MIMIC-CXR-JPG / phantom root")
@@ -100,9 +101,15 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(args.data):
         raise MedclrError(f"--manifest {args.data!r}: no such file or directory (expected a manifest .parquet or a "
                           "MIMIC-CXR-JPG / CXR-Phantom root)")
-    checkpoints = list(args.checkpoint)
-    for c in checkpoints:
-        if not os.path.isdir(c):
+    from medclr.pretrained import resolve
+
+    checkpoints = []
+    for c in args.checkpoint:
+        try:  # a checkpoint folder, or a model shipped in the package by name (its files checked here, once)
+            checkpoints.append(str(resolve(c)))
+        except MedclrError as exc:
+            raise MedclrError(f"--checkpoint: {exc}") from None
+        if not os.path.isdir(checkpoints[-1]):
             raise MedclrError(f"--checkpoint {c!r}: no such directory (expected a `medclr train` output dir)")
     from medclr.prompts import BUILTIN_PROMPTS
 

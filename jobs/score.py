@@ -22,15 +22,17 @@ EPILOG = """examples:
   torchrun --nproc_per_node 4 -m medclr score --checkpoint C --input DIR --out results.parquet --device cuda
 
 Writes results.parquet (path, height, width, the DICOM header's view, study_uid, series_uid and sop_uid
-(empty for PNG/JPEG; --no-uids leaves them out), one probability column per CheX5 class with its
-"<class> reason" column[, embedding]) and results.errors.parquet (path, error) for files that could not
-be read. The probabilities are the checkpoint's calibrated ones: at the end of training each finding's
-zero-shot score was calibrated (Platt scaling) on the validation split; a finding whose validation AUC is
-below 0.70 (or flipped) is NaN and its reason says so. A checkpoint without that record (older ones) gives
-the raw softmax over the prompt pair, with "not validated" in every reason column (docs/scoring.md). Work is saved in
-results.parquet.parts/ as it goes: rerun the same command after a crash (or on a grown archive) and
-only the files not yet scored, or changed (size or mtime) since they were scored, are scored, each
-exactly once; a changed file's row is replaced."""
+(empty for PNG/JPEG; --no-uids leaves them out), one probability column per CheX5 class with its "<class>
+reason" column[, embedding]) and results.errors.parquet (path, error) for files that could not be read; a
+run that scores nothing (every file unreadable) writes both and exits 1 with the first reason. An --out that
+holds a file `medclr score` did not write is refused unless --overwrite. The probabilities are the
+checkpoint's calibrated ones: at the end of training each finding's zero-shot score was calibrated (Platt
+scaling) on the validation split; a finding whose validation AUC is below 0.70 (or flipped) is NaN and its
+reason says so. A checkpoint without that record (older ones) gives the raw softmax over the prompt pair,
+with "not validated" in every reason column (docs/scoring.md). Work is saved in results.parquet.parts/ as it
+goes: rerun the same command after a crash (or on a grown archive) and only the files not yet scored, or
+changed (size or mtime) since they were scored, are scored, each exactly once; a changed file's row is
+replaced."""
 
 
 def available_cores() -> int:
@@ -56,6 +58,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="directory tree of DICOM/PNG/JPEG files, or one such file")
     parser.add_argument("--out", required=True, metavar="TABLE",
                         help="results table to write: .parquet or .csv (the errors table takes the same format)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace whatever --out and its errors table hold (without it, a file there that is not "
+                             "a `medclr score` table is refused; an earlier run's table is resumed or replaced)")
     parser.add_argument("--embeddings", action="store_true", help="also store each image's global embedding")
     parser.add_argument("--prompts", metavar="FILE", default=None,
                         help="YAML/JSON of class -> {positive: [...], negative: [...]} to score instead of the CheX5 "
@@ -92,12 +97,13 @@ def run(args: argparse.Namespace) -> int:
             raise MedclrError(f"--{flag.replace('_', '-')}: expected >= 1")
     if args.workers is not None and args.workers < 0:
         raise MedclrError("--workers: expected >= 0")
-    from medclr.jobs.scoring import OUTPUT_SUFFIXES
+    from medclr.jobs.scoring import OUTPUT_SUFFIXES, check_out
 
     if Path(args.out).suffix not in OUTPUT_SUFFIXES:
         raise MedclrError(f"--out {args.out!r}: expected a path ending in .parquet or .csv")
     if args.embeddings and Path(args.out).suffix == ".csv":
         raise MedclrError("--embeddings needs a .parquet --out (a CSV cell holds no vector)")
+    check_out(Path(args.out), args.overwrite)  # before the model loads
     import torch
 
     from medclr.distributed import cleanup, env_world
@@ -117,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     opts = ScoreOptions(batch_size=args.batch_size, workers=workers, embeddings=args.embeddings,
                         part_files=args.part_files, max_pixels=args.max_pixels,
                         progress=not args.no_progress and show_progress(), full_decode=args.full_decode,
-                        uids=args.uids, prompts=prompts, decoder=args.decoder)
+                        uids=args.uids, prompts=prompts, decoder=args.decoder, overwrite=args.overwrite)
     try:
         stats = score_tree(engine, Path(args.input), Path(args.out), opts)
     finally:

@@ -20,6 +20,10 @@ Crash safety (append-only parts + a done-set):
 * ``OUT.parts/run.json`` records the checkpoint (weights SHA-256), preprocessing, options and the
   archive's root: resuming with a different model, options or archive is refused (relative paths of
   two archives would otherwise count as done for each other and mix in one table).
+* ``OUT`` and its errors table replace only tables `medclr score` wrote (:func:`check_out`); any other file
+  there is refused in one line unless ``--overwrite``.
+* a run that ends with no scored row (every file unreadable, or none found) is an error naming the first
+  reason, after the tables are written (the errors table holds every reason).
 
 Sharding: under ``torchrun`` (RANK / WORLD_SIZE set), rank r takes files r, r + W, r + 2W, ... of the
 sorted list and writes its own parts; rank 0 merges after a barrier (gloo).
@@ -42,7 +46,7 @@ import pyarrow.parquet as pq
 
 from medclr.distributed import env_world, init_group
 from medclr.errors import MedclrError
-from medclr.files import atomic_path, check_free_space, write_text
+from medclr.files import atomic_path, check_free_space, refuse_foreign, write_text
 from medclr.io import IMAGE_SUFFIXES
 from medclr.io.dicom import ARCHIVE_FIELDS, is_dicom
 
@@ -79,6 +83,34 @@ OUTPUT_SUFFIXES = (".parquet", ".csv")  # the results table's format, by the suf
 def errors_path(out: Path) -> Path:
     """results.parquet -> results.errors.parquet; results.csv -> results.errors.csv."""
     return out.with_name(out.stem + ".errors" + out.suffix)
+
+
+# columns every table `medclr score` writes (results and errors) holds: how a rerun knows its own earlier output
+OWN_COLUMNS = ("path", "size", "mtime_ns")
+
+
+def is_score_table(path: Path) -> bool:
+    """Whether ``path`` holds a results or errors table of `medclr score` (its own columns, in Parquet or CSV)."""
+    try:
+        if path.suffix == ".csv":
+            import csv
+
+            with open(path, newline="", encoding="utf-8") as fh:
+                columns = next(csv.reader(fh), [])
+        else:
+            columns = pq.read_schema(path).names
+    except (OSError, UnicodeDecodeError, ValueError, pa.ArrowException):
+        return False
+    return set(OWN_COLUMNS) <= set(columns)
+
+
+def check_out(out: Path, overwrite: bool = False) -> None:
+    """Refuse, in one line, an ``--out`` (or its errors table) that holds a file `medclr score` did not write,
+    unless ``overwrite``: an earlier run's tables are replaced (their parts resume), nothing else is."""
+    if out.is_dir():
+        raise MedclrError(f"--out {str(out)!r} is a directory; expected a .parquet file path")
+    for path, what in ((out, "a `medclr score` table"), (errors_path(out), "a `medclr score` errors table")):
+        refuse_foreign(path, is_score_table, what, overwrite=overwrite)
 
 
 def fingerprint(path: Path) -> tuple[int, int]:
@@ -146,6 +178,8 @@ class ScoreOptions:
     # where baseline JPEG and uncompressed DICOM finish decoding (``medclr.inference.device_decode``): auto = on
     # a CUDA model's GPU, else in the CPU workers; cpu; device = on the model's device whatever it is
     decoder: str = "auto"
+    # replace whatever --out (and its errors table) holds; without it only an earlier `medclr score` table is
+    overwrite: bool = False
 
     @property
     def decode(self) -> str:
@@ -187,8 +221,7 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
         root = root.parent
     elif not root.is_dir():
         raise MedclrError(f"--input {str(root)!r}: no such file or directory")
-    if out.exists() and out.is_dir():
-        raise MedclrError(f"--out {str(out)!r} is a directory; expected a .parquet file path")
+    check_out(out, opts.overwrite)
     rank, world, _ = env_world()
     parts = parts_dir(out)
     parts.mkdir(parents=True, exist_ok=True)
@@ -234,7 +267,19 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     if rank == 0:
         stats["merged"] = merge(out, classes, opts.embeddings, notes, opts.uids)
     _barrier(group)
+    if rank == 0 and stats["merged"]["rows"] == 0:  # after the last barrier: no rank is left waiting
+        raise MedclrError(_nothing_scored(root / single if single else root, len(found), not_images, out,
+                                          stats["merged"]["first_error"]))
     return stats
+
+
+def _nothing_scored(root: Path, found: int, not_images: int, out: Path, first: tuple[str, str] | None) -> str:
+    if not found:
+        return (f"--input {root}: no DICOM, PNG or JPEG file found ({not_images} other "
+                f"{'file' if not_images == 1 else 'files'} passed over); nothing was scored")
+    where = f" (first: {first[0]}: {first[1]})" if first else ""
+    return (f"--input {root}: none of its {found} {'image' if found == 1 else 'images'} could be read, nothing was "
+            f"scored{where}; every reason is in {errors_path(out)}")
 
 
 def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[int, int]], this_run: int,
@@ -367,7 +412,9 @@ def merge(out: Path, classes: list[str], embeddings: bool, notes: dict[str, str 
     meta = {b"medclr": json.dumps(json.loads((parts_dir(out) / RUN_NAME).read_text())).encode()}
     _write_atomic(good.replace_schema_metadata(meta), out)
     _write_atomic(bad.replace_schema_metadata(meta), errors_path(out))
-    return {"rows": good.num_rows, "errors": bad.num_rows}
+    first = bad.select(["path", "error"]).slice(0, 1).to_pylist()
+    return {"rows": good.num_rows, "errors": bad.num_rows,
+            "first_error": (first[0]["path"], first[0]["error"]) if first else None}
 
 
 # --------------------------------------------------------------------------------- torchrun

@@ -90,7 +90,7 @@ def make_checkpoint(out: Path, text_dir: Path, seed: int = 0, image_size: int = 
     import torch
     from safetensors.torch import save_file
 
-    from medclr.inference import CheckpointMeta, write_metadata
+    from medclr.inference import CheckpointMeta, weights_sha256, write_metadata
     from medclr.models.dual import build_dual_encoder
 
     torch.manual_seed(seed)
@@ -98,7 +98,9 @@ def make_checkpoint(out: Path, text_dir: Path, seed: int = 0, image_size: int = 
     model.head.trained = True  # stands for a trained checkpoint (an untrained lse_nl head is refused)
     model.save_pretrained(out)
     trained = {"loss": "nuclr", "tau": 0.05, "eta_table": str(eta_table)} if eta_table is not None else {}
-    write_metadata(out, CheckpointMeta(image_size=image_size, resize=image_size, **trained))
+    # as training writes it: with the SHA-256 of the weights beside it (a format-3 record without it is refused)
+    write_metadata(out, CheckpointMeta(image_size=image_size, resize=image_size, weights_sha256=weights_sha256(out),
+                                       **trained))
     g = torch.Generator().manual_seed(seed)
     # training rows are stored in their own order: position i holds manifest index n - 1 - i here
     save_file({"loss.zeta_txt": torch.randn(n_samples, generator=g) * 0.1,

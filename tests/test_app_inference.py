@@ -175,15 +175,19 @@ def test_embeddings_are_unit_and_workers_agree(engine, app_assets):  # noqa: F81
 
 
 def _edited_checkpoint(src, dst, edit):
-    """A copy of checkpoint ``src`` whose model went through ``edit(model)`` (saved as `medclr train` would)."""
+    """A copy of checkpoint ``src`` whose model went through ``edit(model)`` (saved as `medclr train` would: the
+    metadata records the new weights' SHA-256)."""
+    import dataclasses
     import shutil
 
+    from medclr.inference import read_metadata, weights_sha256, write_metadata
     from medclr.models import DualEncoder
 
     shutil.copytree(src, dst)
     model = DualEncoder.from_pretrained(dst)
     edit(model)
     model.save_pretrained(dst)
+    write_metadata(dst, dataclasses.replace(read_metadata(dst), weights_sha256=weights_sha256(dst)))
     return dst
 
 

@@ -306,3 +306,48 @@ def test_weights_edited_on_purpose_load_when_trusted(app_assets, tmp_path, monke
     assert load_checkpoint(ckpt, verify_weights=False).weights_sha256 != read_metadata(ckpt).weights_sha256
     monkeypatch.setenv(TRUST_WEIGHTS_ENV, "1")
     load_checkpoint(ckpt)
+
+
+def test_a_record_that_always_holds_the_weights_sha256_is_refused_without_it(app_assets, tmp_path, monkeypatch,  # noqa: F811
+                                                                             caplog):
+    """Issue 46: format 3 records the weights' SHA-256 at every save, so a format-3 record without it was edited
+    (or not written by training): it is refused in one line, also when the weights were changed beside it; before,
+    the loader logged "saved before medclr recorded one" and served the changed weights. A format-2 record (saved
+    before medclr recorded one) still loads, with that warning; MEDCLR_TRUST_WEIGHTS=1 loads either."""
+    import logging
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from medclr.cli import main as medclr_main
+    from medclr.inference import load_checkpoint
+    from medclr.inference.load import TRUST_WEIGHTS_ENV
+    from medclr.inference.metadata import METADATA_NAME, WEIGHTS_SHA256_SINCE
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(app_assets["checkpoint"], ckpt)
+    raw = json.loads((ckpt / METADATA_NAME).read_text())
+    assert raw["format_version"] == 3 == WEIGHTS_SHA256_SINCE and raw["weights_sha256"]  # as training writes it
+    weights = load_file(str(ckpt / "model.safetensors"))
+    name = next(k for k, v in weights.items() if v.is_floating_point())
+    weights[name] = weights[name] * 0.5  # finite, not the trained file
+    save_file(weights, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    for stripped in ({k: v for k, v in raw.items() if k != "weights_sha256"}, {**raw, "weights_sha256": None}):
+        (ckpt / METADATA_NAME).write_text(json.dumps(stripped))
+        with pytest.raises(MedclrError, match=r"checkpoint_meta\.json: format_version 3 records the SHA-256 of the "
+                                              r"weights at every save, but this one has no weights_sha256") as e:
+            load_checkpoint(ckpt)
+        assert "\n" not in str(e.value) and TRUST_WEIGHTS_ENV in str(e.value)
+    assert medclr_main(["score", "--checkpoint", str(ckpt), "--input", str(tmp_path), "--out",
+                        str(tmp_path / "r.parquet"), "--no-progress"]) == 1
+    assert not (tmp_path / "r.parquet").exists()
+    # a format-2 record: saved before medclr recorded the hash, loaded with the warning
+    old = {k: v for k, v in raw.items() if k not in ("weights_sha256", "eta_override")} | {"format_version": 2}
+    (ckpt / METADATA_NAME).write_text(json.dumps(old))
+    with caplog.at_level(logging.WARNING, logger="medclr.inference.load"):
+        load_checkpoint(ckpt)
+    assert any("saved before medclr recorded one" in r.getMessage() for r in caplog.records)
+    (ckpt / METADATA_NAME).write_text(json.dumps({**raw, "weights_sha256": None}))
+    monkeypatch.setenv(TRUST_WEIGHTS_ENV, "1")
+    assert read_metadata(ckpt).lacks_weights_sha256
+    assert torch.equal(load_checkpoint(ckpt).model.state_dict()[name], weights[name])  # trusted: the edited weights

@@ -81,7 +81,7 @@ def make_checkpoint(path, sentences, head, seed=0):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
-    from medclr.inference import CheckpointMeta, write_metadata
+    from medclr.inference import CheckpointMeta, weights_sha256, write_metadata
     from medclr.models.dual import build_dual_encoder
     from medclr.prompts import CHEX5_PROMPTS
 
@@ -106,7 +106,7 @@ def make_checkpoint(path, sentences, head, seed=0):
     model.head.trained = True  # stands for a trained checkpoint (an untrained lse_nl head is refused)
     model.save_pretrained(path)
     # shorter side -> 72, centre crop 64: a real crop, 2x2 region grid
-    write_metadata(path, CheckpointMeta(image_size=64, resize=72))
+    write_metadata(path, CheckpointMeta(image_size=64, resize=72, weights_sha256=weights_sha256(path)))
     return path
 
 

@@ -31,7 +31,7 @@ def checkpoint(tmp_path_factory) -> Path:
     from medclr.data.labels import CHEX5
     from medclr.data.manifest import write_manifest
     from medclr.findings import fit_findings
-    from medclr.inference import CheckpointMeta, write_metadata
+    from medclr.inference import CheckpointMeta, weights_sha256, write_metadata
     from medclr.models.dual import DualEncoder
 
     root = tmp_path_factory.mktemp("export")
@@ -49,7 +49,8 @@ def checkpoint(tmp_path_factory) -> Path:
     findings = fit_findings(margins, labels, CHEX5, n_boot=50, split="validate")
     write_metadata(ckpt, CheckpointMeta(image_size=SIZE, resize=RESIZE, tau=0.05, loss="dcl_lm", eta_source="lm",
                                         manifest=str(manifest), split="train", n_train=len(SENTENCES), global_batch=4,
-                                        step=30, total_steps=30, last_loss=1.25, findings=findings))
+                                        step=30, total_steps=30, last_loss=1.25, findings=findings,
+                                        weights_sha256=weights_sha256(ckpt)))
     return ckpt
 
 
@@ -274,14 +275,14 @@ def test_an_earlier_export_is_replaced_whole(checkpoint, eval_report, tmp_path):
 
 def test_cosine_head_graph_scores_the_global_embeddings(checkpoint, tmp_path):
     from medclr.export.exporter import export
-    from medclr.inference import CheckpointMeta, load_checkpoint, write_metadata
+    from medclr.inference import CheckpointMeta, load_checkpoint, weights_sha256, write_metadata
     from medclr.models.dual import DualEncoder
     from medclr.models.similarity import CosineHead
 
     model = DualEncoder.from_pretrained(checkpoint)
     model.head = CosineHead(model.joint_dim)
     model.save_pretrained(tmp_path / "cosine")
-    write_metadata(tmp_path / "cosine", CheckpointMeta(image_size=SIZE))
+    write_metadata(tmp_path / "cosine", CheckpointMeta(image_size=SIZE, weights_sha256=weights_sha256(tmp_path / "cosine")))
     out = export(tmp_path / "cosine", "torchscript", tmp_path / "ts")
     graph = json.loads((out / "export.json").read_text())["graphs"]["score"]
     assert list(graph["inputs"]) == ["global_embedding", "text_embeddings"]

@@ -23,6 +23,12 @@ Where a fault is tested elsewhere it is named here (the last column), not tested
 | a class without usable labels | left out of the macro AUC and named: [10]; in report.md | here |
 | a blank image (one value in every pixel) | error row in score; refused by app, inspect; training logs it | here |
 | a blank training image | counted in data_quality.json (blank_image) | here |
+| a format-3 checkpoint_meta.json without weights_sha256 (issue 46) | refused in one line | [11] |
+| an index manifest of format /2 without its files record (issue 46) | refused in one line | [12] |
+| `medclr score --out` onto a file it did not write (issue 46) | refused unless --overwrite | [13] |
+| `medclr score` with nothing readable (issue 46) | exit 1, the first reason; the tables written | [14] |
+| two saves of the same tensors (issue 46) | byte-identical safetensors files | [15] |
+| config values out of range or of another type (issue 46) | one line when the config is read | [16] |
 
 [1] test_image_cache.py::test_altered_and_truncated_entries_are_rebuilt_not_served
 [2] test_image_cache.py::test_a_source_replaced_in_place_gets_a_new_entry
@@ -35,6 +41,12 @@ Where a fault is tested elsewhere it is named here (the last column), not tested
 [9] test_score.py::test_a_non_finite_embedding_is_an_error_row_never_a_score,
     test_eval_runner.py::test_a_non_finite_embedding_is_a_failed_image_not_a_metric
 [10] test_eval_metrics.py (zero_shot_metrics: AUC_left_out; ZeroShot.notes)
+[11] test_checkpoint_meta.py::test_a_record_that_always_holds_the_weights_sha256_is_refused_without_it
+[12] test_index.py::test_damaged_index_files_are_refused_at_open
+[13] test_score.py::test_an_out_that_holds_another_file_is_refused_unless_overwrite
+[14] test_score.py::test_scoring_nothing_is_an_error_with_the_reasons_written
+[15] test_models.py::test_saves_of_the_same_state_are_byte_identical
+[16] test_training.py::test_bad_config_is_one_clear_line
 """
 
 from __future__ import annotations

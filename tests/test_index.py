@@ -188,10 +188,39 @@ def test_damaged_index_files_are_refused_at_open(engine, app_assets, tmp_path, c
         fh.truncate(100)
     with pytest.raises(MedclrError, match=r"images\.parquet is of another size"):
         load_index(good, engine, verify=False)
-    # an index written before the manifest recorded its files cannot be verified: said, never passed silently
+    # an index written before the manifest recorded its files (format /1) cannot be verified: said, never passed
+    # silently
     old = tmp_path / "old"
     shutil.copytree(out, old)
-    (old / "index_manifest.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "files"}))
+    (old / "index_manifest.json").write_text(json.dumps(
+        {k: v for k, v in meta.items() if k != "files"} | {"format": "medclr.index/1"}))
     capsys.readouterr()
     assert medclr_main(["index", "info", str(old), "--verify"]) == 1
     assert "records no checksums" in capsys.readouterr().err
+    # issue 46: format /2 records them in every version it writes; one without the record was edited: refused in
+    # one line by every reader (before: opened with the "built before medclr recorded them" warning)
+    assert meta["format"] == "medclr.index/2"
+    edited = tmp_path / "edited"
+    shutil.copytree(good, edited)
+    (edited / "index_manifest.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "files"}))
+    for argv in (["index", "info", str(edited)], ["index", "search", "--index", str(edited), "--checkpoint",
+                                                   str(engine.checkpoint_dir), "--text", "effusion"]):
+        assert medclr_main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.endswith("index_manifest.json: format 'medclr.index/2' records the size and SHA-256 of every data "
+                            "file, but this one has no 'files' record, so its files cannot be verified (the manifest "
+                            "was edited); rebuild the index with `medclr index build`") and "\n" not in err, err
+    with pytest.raises(MedclrError, match="has no 'files' record"):
+        load_index(edited, engine)
+
+
+def test_build_refuses_a_folder_that_is_not_an_index(engine, app_assets, tmp_path):  # noqa: F811
+    """`index build --out` replaces an earlier index only (medclr.files.refuse_foreign, the rule `medclr score` and
+    `medclr export` share): another folder is refused in one line before any image is read, its files kept."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(MedclrError, match=r"^--out \S+mine: the folder holds other files \(not a medclr index\); "
+                                          r"choose a new or empty folder$"):
+        build_index(engine, app_assets["manifest"], out)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"

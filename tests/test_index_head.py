@@ -29,7 +29,7 @@ QUERIES = SENTENCES[:6] + ["small left pleural effusion", "right pneumothorax"]
 
 
 def _checkpoint(out: Path, text_dir: Path, head: str) -> Path:
-    from medclr.inference import CheckpointMeta, write_metadata
+    from medclr.inference import CheckpointMeta, weights_sha256, write_metadata
     from medclr.models.dual import build_dual_encoder
 
     torch.manual_seed(3)
@@ -41,7 +41,7 @@ def _checkpoint(out: Path, text_dir: Path, head: str) -> Path:
         torch.nn.init.normal_(model.head.nl.out.weight, std=0.5)
         model.head.trained = True
     model.save_pretrained(out)
-    write_metadata(out, CheckpointMeta(image_size=128))  # 4 x 4 region grid
+    write_metadata(out, CheckpointMeta(image_size=128, weights_sha256=weights_sha256(out)))  # 4 x 4 region grid
     return out
 
 
@@ -215,6 +215,7 @@ def test_older_index_without_cells_falls_back_with_a_warning(lse, assets, tmp_pa
     shutil.copytree(full, old)
     meta = json.loads((old / MANIFEST_NAME).read_text())
     del meta["head"], meta["files"]  # what an index written before the head re-ranking looks like
+    meta["format"] = "medclr.index/1"
     for name in (CELLS_NAME, CELL_IDS_NAME):
         (old / meta["data"] / name).unlink()
     (old / MANIFEST_NAME).write_text(json.dumps(meta))

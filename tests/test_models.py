@@ -11,6 +11,7 @@ import json
 import math
 import socket
 
+import numpy as np
 import pytest
 import torch
 
@@ -472,6 +473,34 @@ def test_save_load_round_trip_identical(tmp_path, mlm_dir, no_network):
     with pytest.raises(MedclrError, match="model.safetensors"):
         DualEncoder.from_pretrained(out)
     assert no_network == []
+
+
+def test_saves_of_the_same_state_are_byte_identical(tmp_path, mlm_dir, no_network):
+    """Issue 46: two exact resumes gave equal tensors but model.safetensors files whose headers differed, so their
+    SHA-256 did too: safetensors writes its metadata map (two keys) in a Rust HashMap's order, seeded anew for
+    every map. Six saves of one model, of its prompt embeddings and of a loss state now give one file each,
+    and the files load back to the same tensors."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from medclr.inference.stored_prompts import PROMPTS_NAME, save_prompt_embeddings
+    from medclr.losses import build_loss
+    from medclr.training.checkpoint import save_loss_state
+
+    model = _dual(mlm_dir).eval()
+    loss = build_loss("nuclr", num_samples=6)
+    digests: dict[str, set[str]] = {"model": set(), "prompts": set(), "loss": set()}
+    for i in range(6):
+        out = model.save_pretrained(tmp_path / f"save{i}")
+        save_prompt_embeddings(out, model, "0" * 64)
+        save_loss_state(loss, out / "loss_state.safetensors", {"loss": "nuclr", "num_samples": 6}, np.arange(6))
+        for key, name in (("model", "model.safetensors"), ("prompts", PROMPTS_NAME), ("loss", "loss_state.safetensors")):
+            digests[key].add(hashlib.sha256((out / name).read_bytes()).hexdigest())
+    assert {k: len(v) for k, v in digests.items()} == {"model": 1, "prompts": 1, "loss": 1}
+    state = load_file(str(tmp_path / "save5" / "model.safetensors"))
+    own = model.state_dict()
+    assert state and all(torch.equal(v, own[k]) for k, v in state.items())
 
 
 def test_dual_cosine_channels_last_and_gradients(mlm_dir):

@@ -515,3 +515,73 @@ def test_first_non_finite_finds_what_an_element_wise_check_finds():
         brute = name if t.is_floating_point() and not bool(torch.isfinite(t).all()) else None
         assert first_non_finite({name: t}) == brute, name
     assert first_non_finite(cases) == "nan" and first_non_finite({k: cases[k] for k in ("ok", "overflow")}) is None
+
+
+def _score_cli(engine, root, out, *extra):  # noqa: F811
+    from medclr.cli import main as medclr_main
+
+    return medclr_main(["score", "--checkpoint", str(engine.checkpoint_dir), "--input", str(root), "--out", str(out),
+                        "--workers", "0", "--no-progress", "--threads", "1", *extra])
+
+
+def test_an_out_that_holds_another_file_is_refused_unless_overwrite(engine, tmp_path, capsys):  # noqa: F811
+    """Issue 46: `--out` replaced any file (a copy of an eta table, any CSV), exit 0. Now a file there that
+    `medclr score` did not write (the table, or its errors table) is refused in one line before the model loads,
+    byte for byte as it was; the scorer's own earlier table resumes; --overwrite replaces the other file."""
+    from medclr.jobs.scoring import errors_path, parts_dir
+    from medclr.lm.eta import TABLE_COLUMNS, write_eta_table
+
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(2):
+        Image.fromarray(_grey(40 + 60 * i)).save(root / f"{i}.png")
+    eta = write_eta_table(pd.DataFrame({"sentence_hash": ["ab"], "sentence": ["No effusion."], "count": [1],
+                                        "n_tokens": [3], "n_scored": [3], "pll": [-1.0], "pll_per_token": [-0.3],
+                                        "eta": [0.1]})[TABLE_COLUMNS], tmp_path / "eta.parquet", {})
+    notes = tmp_path / "notes.csv"
+    notes.write_text("a,b\n1,2\n")
+    (tmp_path / "r.errors.csv").write_text("patient,finding\nx,y\n")  # the errors table a --out r.csv would replace
+    before = {p: p.read_bytes() for p in (eta, notes, tmp_path / "r.errors.csv")}
+    capsys.readouterr()
+    for out, shown in ((eta, eta), (notes, notes), (tmp_path / "r.csv", tmp_path / "r.errors.csv")):
+        assert _score_cli(engine, root, out) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"medclr score: error: --out {shown}: the file there is not a `medclr score` ") and \
+            err.endswith("pass --overwrite to replace it, or choose another path") and "\n" not in err, err
+        assert not parts_dir(out).exists()  # refused before anything was written
+    assert {p: p.read_bytes() for p in before} == before
+    # the scorer's own table: a rerun resumes it (nothing scored twice), the same command as before
+    own = tmp_path / "own.parquet"
+    assert _score_cli(engine, root, own) == 0 and "scored 2 files" in capsys.readouterr().out
+    assert _score_cli(engine, root, own) == 0 and "2 already done" in capsys.readouterr().out
+    own_csv = tmp_path / "own.csv"
+    assert _score_cli(engine, root, own_csv) == 0 and _score_cli(engine, root, own_csv) == 0
+    assert "2 already done" in capsys.readouterr().out
+    # told to, it replaces the eta table copy
+    assert _score_cli(engine, root, eta, "--overwrite") == 0
+    assert sorted(pd.read_parquet(eta)["path"]) == ["0.png", "1.png"] and errors_path(eta).is_file()
+
+
+def test_scoring_nothing_is_an_error_with_the_reasons_written(engine, tmp_path, capsys):  # noqa: F811
+    """Issue 46: every input unreadable was exit 0. Now exit 1 with the first reason in one line; the errors
+    table holds every reason (and the results table its header); an input with no image says so."""
+    from medclr.jobs.scoring import errors_path
+
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    (root / "b.jpg").write_bytes(b"\xff\xd8 not really")
+    out = tmp_path / "r.parquet"
+    capsys.readouterr()
+    assert _score_cli(engine, root, out) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"medclr score: error: --input {root}: none of its 2 images could be read, nothing was "
+                          "scored (first: a.png: ") and err.endswith(f"every reason is in {errors_path(out)}"), err
+    assert "\n" not in err
+    assert sorted(pd.read_parquet(errors_path(out))["path"]) == ["a.png", "b.jpg"] and pd.read_parquet(out).empty
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "readme.txt").write_text("no radiographs here")
+    assert _score_cli(engine, empty, tmp_path / "e.parquet") == 1
+    assert capsys.readouterr().err.strip() == (f"medclr score: error: --input {empty}: no DICOM, PNG or JPEG file "
+                                               "found (1 other file passed over); nothing was scored")

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from medclr.errors import MedclrError
+from medclr.files import stable_safetensors
 from medclr.inference.checkpoint import (  # not in the loss's state_dict
     SAMPLE_INDEX_KEY,
     TEXT_HASH_KEY,
@@ -151,6 +152,7 @@ def save_loss_state(loss: torch.nn.Module, path: Path, meta: dict[str, str],
     if texts is not None and getattr(loss, "num_texts", None) is not None:
         tensors[TEXT_HASH_KEY] = torch.tensor([hash_to_int(sentence_hash(t)) for t in texts], dtype=torch.int64)
     save_file(tensors, str(path), metadata={k: str(v) for k, v in meta.items()})
+    stable_safetensors(path)  # the same state: the same bytes, whatever the process
 
 
 def load_loss_state(loss: torch.nn.Module, path: Path, texts: list[str] | None = None) -> None:
@@ -309,9 +311,12 @@ def init_weights(model: torch.nn.Module, src: str | os.PathLike) -> str:
     from medclr.models.hub import load_tokenizer
 
     src = Path(src).expanduser()
-    recorded = read_metadata(src).weights_sha256
+    meta = read_metadata(src)
+    if meta.lacks_weights_sha256:
+        raise MedclrError(f"config model.init {str(src)!r}: its checkpoint_meta.json has lost the SHA-256 of its weights, "
+                          "which its format always records; start from an intact checkpoint")
     sha = weights_sha256(src)
-    if recorded and sha != recorded:
+    if meta.weights_sha256 and sha != meta.weights_sha256:
         raise MedclrError(f"config model.init {str(src)!r}: model.safetensors does not have the SHA-256 its training "
                           "recorded (damaged or changed)")
     try:

@@ -24,6 +24,7 @@ import yaml
 
 from medclr.errors import MedclrError
 from medclr.presets import AUTO, auto_preset
+from medclr.training.schema import check_types, parse_value
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ ROOT_CONFIG = "base"
 TRAINER_LOSS_KEYS = ("name", "eta_source", "zeta_key")
 ZETA_KEYS = ("sentence", "study")
 ETA_SOURCES = ("none", "lm", "true", "rho_sent", "study_prior")
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
 def available_configs() -> list[str]:
@@ -93,19 +93,6 @@ def _layers(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[Path, dict]]
     return out
 
 
-def _parse_value(text: str) -> Any:
-    # YAML 1.1 reads "1e-4" as a string; numbers are tried first so lr=1e-4 works.
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
 def parse_overrides(items: list[str] | None) -> dict:
     """['optim.lr=1e-4', 'out=runs/a'] -> {'optim': {'lr': 0.0001}, 'out': 'runs/a'}."""
     out: dict = {}
@@ -120,7 +107,7 @@ def parse_overrides(items: list[str] | None) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise MedclrError(f"override {item!r}: {part!r} is set twice as a value and a section")
-        node[parts[-1]] = _parse_value(value)
+        node[parts[-1]] = parse_value(value)
     return out
 
 
@@ -141,7 +128,7 @@ def _coerce(value: Any, default: Any, where: str) -> Any:
         return value
     if isinstance(default, (int, float)):
         if isinstance(value, str):
-            value = _parse_value(value)
+            value = parse_value(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise MedclrError(f"config {where}: expected a number, got {value!r}")
         if isinstance(default, int) and not isinstance(default, bool):
@@ -203,55 +190,26 @@ def load_config(config: str | os.PathLike, overrides: list[str] | None = None) -
     return validate(cfg)
 
 
-def _positive_int(cfg: dict, dotted: str, allow_none: bool = False, minimum: int = 1) -> None:
-    sec, key = dotted.split(".")
-    v = cfg[sec][key]
-    if v is None and allow_none:
-        return
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise MedclrError(f"config {dotted}: expected a whole number >= {minimum}, got {v!r}")
-
-
 def validate(cfg: dict) -> dict:
-    """Cheap semantic checks: required keys, enumerations, ranges, loss name and arguments."""
+    """Cheap semantic checks: required keys, every key's type and range (``medclr.training.schema``), what keys
+    must agree on, loss name and arguments."""
     if not cfg.get("out"):
         raise MedclrError("config out: not set; pass out=DIR (the run's output / checkpoint directory)")
     if not cfg["data"].get("manifest"):
         raise MedclrError("config data.manifest: not set; pass data.manifest=PATH (from `medclr prepare`)")
-    for dotted in ("data.resize", "data.crop", "train.batch_size", "log.every", "ckpt.every", "ckpt.keep_last"):
-        _positive_int(cfg, dotted)
-    _positive_int(cfg, "train.max_steps", allow_none=True, minimum=0)
-    _positive_int(cfg, "val.every", allow_none=True, minimum=0)
-    _positive_int(cfg, "val.max_images", minimum=0)
-    _positive_int(cfg, "optim.warmup_steps", minimum=0)
+    check_types(cfg)
     if cfg["data"]["crop"] > cfg["data"]["resize"]:
         raise MedclrError(f"config data.crop {cfg['data']['crop']} is larger than data.resize {cfg['data']['resize']}")
     from medclr.training.data import cache_mode
 
     cfg["data"]["cache"] = cache_mode(cfg["data"]["cache"])
-    if cfg["data"]["cache_dtype"] not in ("uint8", "float16", "float32"):
-        raise MedclrError(f"config data.cache_dtype {cfg['data']['cache_dtype']!r}: expected uint8, float16 or float32")
     from medclr.training.augment import check_place
 
     check_place(cfg["data"]["augment_on"])
-    nw = cfg["data"]["num_workers"]
-    if nw != "auto" and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 0):
-        raise MedclrError(f"config data.num_workers {nw!r}: expected auto or a whole number >= 0")
-    tb = cfg["model"]["text_buckets"]
-    if tb != "auto" and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 1):
-        raise MedclrError(f"config model.text_buckets {tb!r}: expected auto or a whole number >= 1")
-    if cfg["train"]["precision"] not in PRECISIONS:
-        raise MedclrError(f"config train.precision {cfg['train']['precision']!r}: expected one of {', '.join(PRECISIONS)}")
     dev = str(cfg["train"]["device"])
     if not (dev in ("auto", "cpu") or dev.startswith("cuda")):
         raise MedclrError(f"config train.device {dev!r}: expected auto, cpu or cuda")
-    if cfg["model"]["head"] not in ("cosine", "lse_nl"):
-        raise MedclrError(f"config model.head {cfg['model']['head']!r}: expected cosine or lse_nl")
     m = cfg["model"]
-    if m["image_pretrained"] not in ("auto", "imagenet", "none", "biovil"):
-        raise MedclrError(f"config model.image_pretrained {m['image_pretrained']!r}: expected auto, imagenet, none or biovil")
-    if m["input_norm"] not in ("auto", "imagenet", "none"):
-        raise MedclrError(f"config model.input_norm {m['input_norm']!r}: expected auto, imagenet or none")
     if m["image_weights"] is not None and not Path(str(m["image_weights"])).expanduser().is_file():
         raise MedclrError(f"config model.image_weights {m['image_weights']!r}: no such file")
     if m["init"] is not None and not (Path(str(m["init"])).expanduser() / "model.safetensors").is_file():
@@ -260,38 +218,16 @@ def validate(cfg: dict) -> dict:
     if m["image_pretrained"] == "biovil" and m["image_weights"] is None:
         raise MedclrError("config model.image_pretrained=biovil needs model.image_weights=FILE (hi-ml-multimodal's "
                           "BioViL or BioViL-T image model .pt)")
-    if cfg["model"]["stages"] not in (3, 4):
-        raise MedclrError(f"config model.stages {cfg['model']['stages']!r}: expected 4 or 3")
     if cfg["model"]["output_stride"] not in (8, 16, 32) or cfg["model"]["output_stride"] > 2 ** (cfg["model"]["stages"] + 1):
         raise MedclrError(f"config model.output_stride {cfg['model']['output_stride']!r}: expected 32, 16 or 8 "
                           f"(at most {2 ** (cfg['model']['stages'] + 1)} with model.stages={cfg['model']['stages']})")
-    if not isinstance(cfg["model"]["lse_gamma"], (int, float)) or cfg["model"]["lse_gamma"] <= 0:
-        raise MedclrError(f"config model.lse_gamma {cfg['model']['lse_gamma']!r}: expected a positive number")
     if cfg["train"]["epochs"] is None and cfg["train"]["max_steps"] is None:
         raise MedclrError("config train: set train.epochs or train.max_steps")
-    if cfg["train"]["max_minutes"] is not None and cfg["train"]["max_minutes"] <= 0:
-        raise MedclrError(f"config train.max_minutes {cfg['train']['max_minutes']!r}: expected a positive number")
-    if not 0.0 <= cfg["optim"]["min_lr_ratio"] <= 1.0:
-        raise MedclrError(f"config optim.min_lr_ratio {cfg['optim']['min_lr_ratio']!r}: expected a number in [0, 1]")
-    if cfg["data"]["sentence_sampling"] not in ("uniform", "findings"):
-        raise MedclrError(f"config data.sentence_sampling {cfg['data']['sentence_sampling']!r}: expected uniform or "
-                          "findings")
-    if cfg["data"]["study_sampling"] not in ("uniform", "findings"):
-        raise MedclrError(f"config data.study_sampling {cfg['data']['study_sampling']!r}: expected uniform or findings")
-    if not isinstance(cfg["data"]["study_balance"], (int, float)) or not 0 <= cfg["data"]["study_balance"] <= 1:
-        raise MedclrError(f"config data.study_balance {cfg['data']['study_balance']!r}: expected a number in [0, 1]")
-    if not 0 < float(cfg["data"]["other_sentence_weight"]) <= 1:
-        raise MedclrError(f"config data.other_sentence_weight {cfg['data']['other_sentence_weight']!r}: expected a "
-                          "number in (0, 1]")
-    if not isinstance(cfg["data"]["short_form"], (int, float)) or not 0 <= cfg["data"]["short_form"] <= 1:
-        raise MedclrError(f"config data.short_form {cfg['data']['short_form']!r}: expected a probability in [0, 1]")
     from medclr.data.hard_negatives import KINDS
 
     kinds = cfg["hard_negatives"]["kinds"]
     if not isinstance(kinds, list) or not set(kinds) <= set(KINDS):
         raise MedclrError(f"config hard_negatives.kinds {kinds!r}: expected a list of {', '.join(KINDS)}")
-    if not isinstance(cfg["hard_negatives"]["weight"], (int, float)) or cfg["hard_negatives"]["weight"] < 0:
-        raise MedclrError(f"config hard_negatives.weight {cfg['hard_negatives']['weight']!r}: expected a number >= 0")
     from medclr.lm.eta import DEFAULT_ETA_MAX, check_eta_override
 
     d = cfg["data"]

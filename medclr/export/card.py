@@ -56,20 +56,24 @@ def data_kind(path: str | os.PathLike | None) -> str:
     return PHANTOM if any(c in names for c in GROUND_TRUTH_COLUMNS) else REAL
 
 
-def model_card(inference: Inference, metrics: dict[str, Any] | None, files: dict[str, str]) -> str:
-    """README.md: front matter, the use statement, model, training data, evaluation, validation, use, limits."""
+def model_card(inference: Inference, metrics: dict[str, Any] | None, files: dict[str, str],
+               loading: list[str] | None = None, name: str | None = None) -> str:
+    """README.md: front matter, the use statement, model, training data, evaluation, validation, use, limits;
+    ``loading``: the lines of its "Loading" section (default: how to load the Hugging Face export); ``name``: the
+    model's name in the title (default: the checkpoint folder's)."""
     meta = inference.meta
     trained_on = data_kind(meta.manifest if meta else None)
-    name = inference.checkpoint_dir.name if inference.checkpoint_dir else "model"
+    name = name or (inference.checkpoint_dir.name if inference.checkpoint_dir else "model")
     lines = ["---", "tags: [medclr, chest-x-ray, vision-language, contrastive-learning, zero-shot, phrase-grounding]",
              "pipeline_tag: zero-shot-image-classification", "---", "", f"# medclr dual encoder `{name}`", "",
              f"> **{_use_statement(trained_on)}**", ""]
     for section in (_model(inference, files), _training(inference, trained_on), _evaluation(metrics),
                     _validation(inference), _intended_use(), _limitations(inference, trained_on, metrics)):
         lines += section + [""]
-    lines += ["## Loading", "", "`text/` loads with `transformers.AutoModel` and `AutoTokenizer`; the image tower, the text",
-              "projection and the head are plain safetensors files; `config.json` says how they fit together.",
-              "medclr's `docs/export.md` shows each step in a few lines of plain torch.", ""]
+    lines += ["## Loading", "", *(loading if loading is not None else [
+        "`text/` loads with `transformers.AutoModel` and `AutoTokenizer`; the image tower, the text",
+        "projection and the head are plain safetensors files; `config.json` says how they fit together.",
+        "medclr's `docs/export.md` shows each step in a few lines of plain torch."]), ""]
     return "\n".join(lines)
 
 

@@ -28,7 +28,9 @@ OUT is replaced only when the export is complete (docs/export.md)."""
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a `medclr train` checkpoint directory")
+    parser.add_argument("--checkpoint", required=True, metavar="DIR",
+                        help="a `medclr train` checkpoint directory, or the name of a model shipped with medclr "
+                        "(`medclr models`)")
     # checked in run(), not by argparse's choices, so a wrong name is one line rather than usage + error
     parser.add_argument("--format", required=True, metavar="{" + ",".join(FORMATS) + "}", dest="export_format",
                         help="hf: a Hugging Face folder with a model card; onnx; torchscript")

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from medclr.inference import Inference
+from medclr.inference.metadata import NOT_RECORDED
 from medclr.prompts import CHEX5_PROMPTS
 
 FORMAT = "medclr.export/1"  # the "format" of config.json (hf) and export.json (onnx, torchscript)
@@ -58,8 +59,8 @@ def provenance(inference: Inference) -> dict[str, Any]:
     from medclr import __version__
 
     meta = inference.meta
-    training = {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta) if f.name not in ("source", "findings")
-                } if meta is not None else {}
+    training = {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)
+                if f.name not in (*NOT_RECORDED, "findings")} if meta is not None else {}
     return {"checkpoint": str(inference.checkpoint_dir.resolve()) if inference.checkpoint_dir else None,
             "weights_sha256": inference.weights_sha256, "medclr_version": __version__, "training": training}
 

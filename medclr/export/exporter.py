@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from medclr.errors import MedclrError
-from medclr.files import fsync_dir
+from medclr.files import fsync_dir, refuse_foreign
 
 FORMATS = ("hf", "onnx", "torchscript")
 _MARKERS = ("config.json", "export.json")  # the JSON each format writes at its top, with "format": FORMAT
@@ -63,9 +63,7 @@ def export(checkpoint: str | os.PathLike, fmt: str, out: str | os.PathLike, *, r
 def _check_target(target: Path) -> None:
     if target.exists() and not target.is_dir():
         raise MedclrError(f"--out {target}: is a file; expected a folder to write the export into")
-    if target.is_dir() and any(target.iterdir()) and not is_export(target):
-        raise MedclrError(f"--out {target}: the folder holds other files (not an earlier `medclr export`); "
-                          "choose a new or empty folder")
+    refuse_foreign(target, is_export, "an earlier `medclr export`")
 
 
 def is_export(folder: Path) -> bool:

@@ -43,12 +43,14 @@ import numpy as np
 import pandas as pd
 
 from medclr.errors import MedclrError
-from medclr.files import check_free_space, write_text
+from medclr.files import check_free_space, refuse_foreign, write_text
 from medclr.index.vectors import EXACT_MAX, VectorIndex, choose_kind, normalized
 
 log = logging.getLogger(__name__)
 
-FORMAT = "medclr.index/1"
+# /2: every version written records each data file's size and SHA-256 (``files``); /1 indexes may lack them
+FORMAT = "medclr.index/2"
+FORMATS = ("medclr.index/1", FORMAT)  # what this medclr opens
 MANIFEST_NAME = "index_manifest.json"
 IMAGE_COLUMNS = ("id", "source", "manifest_index", "image_path", "study_id", "dicom_id", "split", "view", "report")
 CELLS_NAME, CELL_IDS_NAME = "image_cells.npy", "image_cells_ids.npy"
@@ -195,8 +197,12 @@ def read_meta(directory: str | os.PathLike) -> dict[str, Any]:
         meta = json.loads(path.read_text())
     except ValueError as exc:
         raise MedclrError(f"{path}: not valid JSON ({exc})") from None
-    if meta.get("format") != FORMAT:
-        raise MedclrError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    if meta.get("format") not in FORMATS:
+        raise MedclrError(f"{path}: format {meta.get('format')!r}, expected {' or '.join(map(repr, FORMATS))}")
+    if not meta.get("files") and meta["format"] != FORMATS[0]:
+        raise MedclrError(f"{path}: format {meta['format']!r} records the size and SHA-256 of every data file, but "
+                          "this one has no 'files' record, so its files cannot be verified (the manifest was edited); "
+                          "rebuild the index with `medclr index build`")
     return meta
 
 
@@ -233,7 +239,8 @@ def load_index(directory: str | os.PathLike, engine=None, use_gpu: bool | str = 
 
 def check_files(d: Path, meta: dict[str, Any], hashes: bool = True) -> None:
     """The data folder's files against the sizes and SHA-256 the manifest recorded when they were written. An index
-    built before medclr recorded them cannot be checked: said once in the log (``index info --verify`` refuses)."""
+    built before medclr recorded them (format /1) cannot be checked: said once in the log (``index info --verify``
+    refuses); a later format without the record is refused by :func:`read_meta`."""
     if not meta.get("files"):
         log.warning("index %s records no sizes or checksums (built before medclr recorded them): damage to its files "
                     "cannot be detected; rebuild it with `medclr index build` to have them checked", d)
@@ -350,12 +357,10 @@ def _alive(pid: int) -> bool:
 
 def _embed_images(engine, paths: list[str], batch_size: int, workers: int, progress: bool,
                   cells: _CellSink | None = None):
-    from medclr.inference import image_loader
-
     vecs = np.zeros((len(paths), engine.joint_dim), np.float32)
     ok = np.zeros(len(paths), bool)
     errors: list[tuple[str, str]] = []
-    loader = image_loader(paths, engine.preprocess, batch_size, workers)
+    loader = engine.image_batches(paths, batch_size, workers)  # the engine decodes files its own way
     if progress:
         from tqdm import tqdm
 
@@ -400,7 +405,7 @@ def _write_version(directory: Path, meta: dict[str, Any], images: VectorIndex, s
             os.fsync(fh.fileno())
         files[f.name] = {"size": f.stat().st_size, "sha256": _file_sha256(f)}
     os.replace(tmp, directory / name)
-    meta = dict(meta, data=name, updated=_now(), files=files)
+    meta = dict(meta, format=FORMAT, data=name, updated=_now(), files=files)  # an /1 index added to becomes /2
     write_text(directory / MANIFEST_NAME, json.dumps(meta, indent=2, sort_keys=True))
     if old and old != name:
         shutil.rmtree(directory / old, ignore_errors=True)
@@ -430,8 +435,7 @@ def build_index(engine, manifest: str | os.PathLike, out: str | os.PathLike, kin
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise MedclrError(f"--out {str(out)!r} is a file; expected a directory for the index")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
-        raise MedclrError(f"--out {str(out)!r} exists and is not a medclr index; choose an empty or new directory")
+    refuse_foreign(out, lambda d: (d / MANIFEST_NAME).is_file(), "a medclr index")
     old_meta = read_meta(out) if (out / MANIFEST_NAME).is_file() else {}
     empty = _empty_index(engine, old_meta, kind, exact_max)
     return _extend(engine, empty, manifest, out, kind, exact_max, splits, batch_size, workers, use_gpu, progress,

@@ -128,6 +128,14 @@ class Inference:
         tensor, geo = preprocess_image(arr, self.preprocess)
         return EncodedImage(self.image_features(tensor[None]), geo, arr)
 
+    def image_batches(self, paths: Sequence[str | os.PathLike], batch_size: int = 16, num_workers: int = 0
+                      ) -> torch.utils.data.DataLoader:
+        """The files as this checkpoint's preprocessing sees them, decoded in ``num_workers`` DataLoader workers:
+        ordered batches {"tensor", "ok", "i", "error"} (:func:`~medclr.inference.preprocess.image_loader`) for
+        :meth:`image_features`. An unreadable file is a row with ``ok`` False and its error, not an exception (the
+        index builder records it and goes on)."""
+        return image_loader(paths, self.preprocess, batch_size, num_workers)
+
     def embed_images(self, images: Iterable[str | os.PathLike | np.ndarray], batch_size: int = 16,
                      num_workers: int = 0) -> np.ndarray:
         """N x D float32 unit global embeddings. Paths are decoded in ``num_workers`` DataLoader workers;
@@ -135,7 +143,7 @@ class Inference:
         items = list(images)
         out = np.zeros((len(items), self.joint_dim), dtype=np.float32)
         if items and all(not isinstance(x, np.ndarray) for x in items):
-            for batch in image_loader(items, self.preprocess, batch_size, num_workers):
+            for batch in self.image_batches(items, batch_size, num_workers):
                 bad = [e for ok, e in zip(batch["ok"].tolist(), batch["error"]) if not ok]
                 if bad:
                     from medclr.errors import ImageReadError

@@ -21,7 +21,7 @@ from medclr.inference.checkpoint import (
     weights_sha256,
 )
 from medclr.inference.engine import Inference
-from medclr.inference.metadata import read_metadata
+from medclr.inference.metadata import METADATA_NAME, read_metadata
 from medclr.inference.preprocess import Preprocess
 from medclr.inference.stored_prompts import read_prompt_embeddings
 from medclr.models.dual import DualEncoder
@@ -43,7 +43,9 @@ def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "
     The weights file is checked against the SHA-256 training recorded (``verify_weights``; None: unless the
     environment sets MEDCLR_TRUST_WEIGHTS=1), and every weight must be finite (always): a damaged file is
     refused in one line instead of scoring NaN."""
-    src = Path(directory).expanduser()
+    from medclr.pretrained import resolve  # a folder as it is, or a model shipped in the package by name (verified)
+
+    src = resolve(Path(directory))
     if not src.is_dir():
         raise MedclrError(f"checkpoint {str(src)!r}: no such directory (expected a `medclr train` output dir)")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
@@ -55,6 +57,11 @@ def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "
             and (sha := weights_sha256(src)) != meta.weights_sha256):
         raise MedclrError(f"{src / WEIGHTS_NAME}: its SHA-256 is not the one training recorded in checkpoint_meta.json, "
                           f"so the file is damaged or was changed (weights edited on purpose: set {TRUST_WEIGHTS_ENV}=1)")
+    if verify and meta.lacks_weights_sha256:
+        raise MedclrError(f"{src / METADATA_NAME}: format_version {meta.read_version} records the SHA-256 of the weights "
+                          "at every save, but this one has no weights_sha256, so model.safetensors cannot be verified "
+                          "(the record was edited, or not written by `medclr train`); restore it from the run, or set "
+                          f"{TRUST_WEIGHTS_ENV}=1 to load unverified weights")
     if verify and not meta.weights_sha256:
         log.warning("checkpoint %s records no SHA-256 of its weights (saved before medclr recorded one): only damage that "
                     "makes a weight NaN or infinite can be detected", src)

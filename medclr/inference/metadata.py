@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 METADATA_NAME = "checkpoint_meta.json"
 FORMAT_VERSION = 3
+# From this version on training records ``weights_sha256`` at every save: a record of such a version without it was
+# not written by training, and load_checkpoint refuses it (its weights cannot be verified).
+WEIGHTS_SHA256_SINCE = 3
 LOSS_STATE_NAME = "loss_state.safetensors"
 
 
@@ -66,13 +69,21 @@ class CheckpointMeta:
     weights_sha256: str | None = None
     # Not written: which file gave each field (``checkpoint_meta.json``, or an old side file).
     source: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # Not written: the format_version of the file as read, before migrate (0: no checkpoint_meta.json, side files).
+    read_version: int = field(default=FORMAT_VERSION, compare=False, repr=False)
+
+    @property
+    def lacks_weights_sha256(self) -> bool:
+        """Whether the record should hold ``weights_sha256`` (its version always records it) but does not."""
+        return self.weights_sha256 is None and self.read_version >= WEIGHTS_SHA256_SINCE
 
 
 _PATH_FIELDS = ("eta_table", "manifest")
+NOT_RECORDED = ("source", "read_version")  # fields of CheckpointMeta that the file does not hold
 
 
 def _recorded() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(CheckpointMeta) if f.name != "source"]
+    return [f for f in dataclasses.fields(CheckpointMeta) if f.name not in NOT_RECORDED]
 
 
 def _required() -> list[str]:
@@ -110,7 +121,7 @@ def read_metadata(directory: str | os.PathLike) -> CheckpointMeta:
     for name in _PATH_FIELDS:
         if values.get(name) is not None:
             values[name] = _resolve(values[name], src)
-    return CheckpointMeta(**values, source=source)
+    return CheckpointMeta(**values, source=source, read_version=0 if raw is None else int(raw["format_version"]))
 
 
 def migrate(directory: Path, raw: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, str]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from medclr.files import atomic_path
+from medclr.files import atomic_path, stable_safetensors
 from medclr.prompts import CHEX5_PROMPTS, PromptSet, prompt_embeddings
 
 PROMPTS_NAME = "prompt_embeddings.safetensors"
@@ -49,6 +49,7 @@ def save_prompt_embeddings(directory: str | os.PathLike, model, weights_sha256: 
     with atomic_path(out) as tmp:
         save_file(tensors, str(tmp), metadata={"format": FORMAT, "prompts": _prompts_key(prompts),
                                                "weights_sha256": weights_sha256})
+        stable_safetensors(tmp)  # the same prompts and weights: the same bytes
     return out
 
 

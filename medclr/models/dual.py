@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from medclr.errors import MedclrError
-from medclr.files import atomic_path, write_text
+from medclr.files import atomic_path, stable_safetensors, write_text
 from medclr.hub import one_line
 from medclr.models.hub import load_tokenizer
 from medclr.models.image import ImageEncoder, ImageFeatures
@@ -112,6 +112,7 @@ class DualEncoder(nn.Module):
         with atomic_path(out / WEIGHTS_NAME) as tmp:
             # save_model (not save_file) de-duplicates tied/shared tensors instead of failing on them.
             save_model(self, str(tmp), metadata={"format": "pt", "medclr": FORMAT})
+            stable_safetensors(tmp)  # the same tensors: the same bytes (and SHA-256), whatever the process
         write_text(out / CONFIG_NAME, json.dumps(self.to_config(), indent=2, sort_keys=True, default=str))
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(out / TOKENIZER_DIR)

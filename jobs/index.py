@@ -1,4 +1,8 @@
-"""`medclr index build|add|info|search`: the faiss retrieval index of a checkpoint."""
+"""`medclr index build|add|info|search`: the faiss retrieval index of a checkpoint.
+
+A job over files beside ``score``: it loads the checkpoint (``medclr.inference``) and hands the engine to
+``medclr.index``, which takes a model but imports none (the engine's ``retrieve`` opens an index, so the arrow
+runs inference -> index; docs/ARCHITECTURE.md section 3)."""
 
 from __future__ import annotations
 
