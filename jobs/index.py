@@ -42,7 +42,9 @@ def _default_workers() -> int:
 
 
 def _common(p: argparse.ArgumentParser, need_manifest: bool) -> None:
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a `medclr train` checkpoint directory")
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="a `medclr train` checkpoint directory, or the name of a model shipped with medclr "
+                   "(`medclr models`)")
     if need_manifest:
         p.add_argument("--manifest", required=True, metavar="PARQUET", help="manifest whose images/reports to index")
         p.add_argument("--splits", default=None, help="comma-separated splits to index (default: all)")

@@ -53,7 +53,9 @@ def default_workers(device: str) -> int:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a `medclr train` checkpoint directory")
+    parser.add_argument("--checkpoint", required=True, metavar="DIR",
+                        help="a `medclr train` checkpoint directory, or the name of a model shipped with medclr "
+                        "(`medclr models`)")
     parser.add_argument("--input", required=True, metavar="PATH",
                         help="directory tree of DICOM/PNG/JPEG files, or one such file")
     parser.add_argument("--out", required=True, metavar="TABLE",

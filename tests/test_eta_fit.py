@@ -325,6 +325,46 @@ def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
         score_manifest(manifest, None, None, out, k=0.5, progress=False)
 
 
+def test_score_refuses_a_foreign_out_unless_overwrite_and_resumes_its_own(fake_scorer, tmp_path):
+    """--out is replaced only when it holds an eta table (the cache, resumed) or with overwrite: any other file there
+    (text, or a parquet without the table's columns) is refused in one line and left byte for byte as it was, with
+    rescore too (rescore ignores the cached PLLs of our own table, it does not replace someone else's file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from medclr.lm.eta import read_eta_table
+    from medclr.lm.score import score_manifest
+
+    manifest, table = _corpus()
+    n = len(_with_short_forms(table))
+    out = tmp_path / "eta.parquet"
+    pq.write_table(pa.table({"sentence": ["mine"], "value": [1.0]}), out)
+    other_parquet = out.read_bytes()
+    for held in (b"notes I keep here\n", other_parquet):
+        out.write_bytes(held)
+        for rescore in (False, True):
+            with pytest.raises(MedclrError) as err:
+                score_manifest(manifest, None, None, out, rescore=rescore, progress=False)
+            msg = str(err.value)
+            assert "\n" not in msg and msg.startswith(f"--out {out}: the file there is not an eta table")
+            assert "pass --overwrite to replace it" in msg
+            assert out.read_bytes() == held
+    # overwrite replaces it: nothing is read from it, every sentence scored
+    summary = score_manifest(manifest, None, None, out, overwrite=True, progress=False)
+    assert (summary["scored"], summary["cached"]) == (n, 0) and len(read_eta_table(out)[0]) == n
+    # our own table: resumed (nothing to score), with overwrite too; rescore scores all again and replaces it
+    for overwrite in (False, True):
+        summary = score_manifest(manifest, None, None, out, overwrite=overwrite, progress=False)
+        assert (summary["scored"], summary["cached"]) == (0, n)
+    summary = score_manifest(manifest, None, None, out, rescore=True, progress=False)
+    assert (summary["scored"], summary["cached"]) == (n, 0) and len(read_eta_table(out)[0]) == n
+    # a folder is never an eta table's path, overwrite or not
+    (tmp_path / "folder").mkdir()
+    for overwrite in (False, True):
+        with pytest.raises(MedclrError, match="is a folder"):
+            score_manifest(manifest, None, None, tmp_path / "folder", overwrite=overwrite, progress=False)
+
+
 def test_training_reads_fitted_and_old_tables(fake_scorer, tmp_path):
     from medclr.data.text import sentence_hash
     from medclr.lm.eta import read_eta_table, write_eta_table

@@ -374,6 +374,35 @@ def test_score_cli_caches_and_joins(tiny, tmp_path, capsys):
     assert len(err) == 1 and "row 0 sentence 1 is empty" in err[0]
 
 
+def test_score_cli_refuses_a_foreign_out_before_the_model_loads(tiny, tmp_path, capsys):
+    """`medclr lm score` with a file at --out that is not an eta table: one line, exit 1, before the model loads
+    (--model names nothing here), the file byte for byte intact, with --rescore too; --overwrite replaces it and
+    the table it writes is resumed by the next run."""
+    from medclr.cli import main
+    from medclr.lm.eta import read_eta_table
+
+    m = _manifest(tmp_path / "m.parquet", [SENTENCES[:3]])
+    out = tmp_path / "eta.parquet"
+    held = b"sentence,eta\nmy own table,0.1\n"
+    out.write_bytes(held)
+    base = ["lm", "score", "--manifest", str(m), "--out", str(out), "--no-progress", "--device", "cpu"]
+    for extra in ([], ["--rescore"]):
+        assert main(base + ["--model", str(tmp_path / "no_model")] + extra) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "the file there is not an eta table" in err[0] and "--overwrite" in err[0], err
+        assert out.read_bytes() == held
+    model, tok = tiny
+    model.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    args = base + ["--model", str(tmp_path / "lm")]
+    assert main(args + ["--overwrite"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["scored"] > 0 and first["cached"] == 0 and len(read_eta_table(out)[0]) == first["scored"]
+    assert main(args) == 0  # our own table now: resumed, nothing scored again
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (again["scored"], again["cached"]) == (0, first["scored"])
+
+
 def test_fit_saves_a_loadable_seeded_model(tmp_path):
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 

@@ -47,8 +47,9 @@ The table also holds the short forms training may show in a sentence's place
 metadata records what eta is (eta_params: a and k, or the map's knots).
 One row per distinct sentence: sentence_hash, sentence, count, n_tokens,
 n_scored, pll, pll_per_token, eta. Running again scores only
-sentences not yet in --out (same model); medclr.lm.eta.join_eta aligns eta with the
-manifest's sentences for training.
+sentences not yet in --out (same model; --rescore scores all again); a file at --out
+that is not such a table is refused unless --overwrite. medclr.lm.eta.join_eta aligns
+eta with the manifest's sentences for training.
 """
 
 _CAL_EPILOG = """\
@@ -170,7 +171,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--save-every", type=float, default=120.0, metavar="SECONDS",
                    help="rewrite --out after this much scoring (default 120): a killed run resumes from it")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when present)")
-    p.add_argument("--rescore", action="store_true", help="ignore the cache in --out")
+    p.add_argument("--rescore", action="store_true",
+                   help="ignore the cached PLLs of the eta table in --out: score every sentence again")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace whatever file --out holds (without it, a file there that is not an eta table of "
+                        "`medclr lm score` is refused; an eta table there is resumed, or with --rescore replaced)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     p.add_argument("--allow-network", action="store_true", help="let transformers download a hub model")
     p.add_argument("--trust-remote-code", action="store_true", help="run the model repository's own code")
@@ -252,10 +257,11 @@ def run_fit(args: argparse.Namespace) -> int:
 def run_score(args: argparse.Namespace) -> int:
     from medclr.data.manifest import read_manifest
     from medclr.lm.load import load_masked_lm
-    from medclr.lm.score import score_manifest
+    from medclr.lm.score import check_out, score_manifest
 
     if args.batch_size < 1 or args.max_batch_tokens < 1 or args.max_pieces < 1:
         raise MedclrError("--batch-size and --max-batch-tokens must be positive")
+    check_out(args.out, args.overwrite)  # before the model loads
     _threads(args.threads)
     manifest = read_manifest(args.manifest)
     model, tok = load_masked_lm(args.model, allow_network=args.allow_network,
@@ -269,7 +275,7 @@ def run_score(args: argparse.Namespace) -> int:
                              eta_max=args.eta_max, word_l2r=args.pll == "word-l2r", long=args.long,
                              batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
                              max_pieces=args.max_pieces, save_every_s=args.save_every, progress=_progress(args),
-                             rescore=args.rescore)
+                             rescore=args.rescore, overwrite=args.overwrite)
     print(json.dumps(summary))
     return 0
 

@@ -3,6 +3,10 @@
 The pipeline above the table (``medclr.lm.eta``: the formula and the file) and the calibration
 (``medclr.lm.eta_fit``): PLLs cached by model fingerprint, eta calibrated, the table rewritten
 every couple of minutes of scoring (``save_every_s``) so an interrupted run resumes where it stopped.
+
+``--out`` is replaced only when it holds this command's own earlier output, a readable eta table
+(:func:`is_eta_table`: its PLLs are the cache, ``rescore`` ignores them), or with ``overwrite``; any other
+file there is refused in one line, before the model loads (:func:`check_out`, ``medclr.files.refuse_foreign``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from medclr.errors import MedclrError
+from medclr.files import refuse_foreign
 from medclr.lm.eta import (
     DEFAULT_ETA_MAX,
     PLL_COMPAT_KEYS,
@@ -29,6 +34,25 @@ from medclr.lm.eta_fit import check_eta_choice, eta_of_table, resolve_eta_params
 from medclr.lm.pll import MAX_PIECES
 
 log = logging.getLogger(__name__)
+
+
+def is_eta_table(path: Path) -> bool:
+    """Whether ``path`` holds an eta table ``medclr lm score`` wrote (readable, with every column of
+    ``TABLE_COLUMNS``): its own earlier output, which it resumes and replaces."""
+    try:
+        read_eta_table(path)
+    except MedclrError:
+        return False
+    return True
+
+
+def check_out(out: str | os.PathLike, overwrite: bool = False) -> None:
+    """Refuse, in one line, an ``--out`` that is a folder, or a file that is not an eta table, unless ``overwrite``
+    (then the file is replaced; an eta table there is the cache either way)."""
+    out = Path(out)
+    if out.is_dir():
+        raise MedclrError(f"--out {out}: is a folder; expected the eta table's file path (e.g. eta.parquet)")
+    refuse_foreign(out, is_eta_table, "an eta table of `medclr lm score`", overwrite=overwrite)
 
 
 def with_short_forms(current: pd.DataFrame) -> pd.DataFrame:
@@ -67,6 +91,7 @@ def score_manifest(
     batch_size: int = 64,
     max_batch_tokens: int = 32768,
     rescore: bool = False,
+    overwrite: bool = False,
     save_every_s: float = 120.0,
     block: int = 512,
     max_pieces: int = MAX_PIECES,
@@ -80,6 +105,9 @@ def score_manifest(
     resumes where it stopped. ``max_pieces`` bounds the work one sentence can cost
     (``medclr.lm.pll.MAX_PIECES``). Returns a summary dict.
 
+    ``out`` is an eta table from an earlier run (its PLLs are reused unless ``rescore``), or absent; any other
+    file there is refused (:func:`check_out`) unless ``overwrite``, which replaces it.
+
     a, k: given together, eta = a * p^k with them; else ``eta_fit`` says (``medclr.lm.eta_fit``):
     ``"paper"`` (default) takes the paper's a = 0.2 and k = 0.35; ``"meaning"`` is medclr's own rule-key
     calibration (DCL-eta_rule), which maps the LM's probability of the sentence's rule-read meaning to how
@@ -92,6 +120,8 @@ def score_manifest(
 
     check_eta_choice(eta_fit, a, k, eta_max)
     log_p([0.0], [1], norm)  # validates norm
+    out = Path(out)
+    check_out(out, overwrite)
     t0 = time.monotonic()
     st = manifest_sentences(manifest, split)
     if st.empty:
@@ -106,11 +136,15 @@ def score_manifest(
     max_length = int(model_max_length(model, tokenizer))
     compat = {"fingerprint": model_fingerprint(model, tokenizer), "pll_variant": "word_l2r" if word_l2r else "original",
               "long": long, "max_length": max_length}
-    out = Path(out)
     cached = pd.DataFrame(columns=["sentence_hash", "n_tokens", "n_scored", "pll"])
     extra = pd.DataFrame(columns=TABLE_COLUMNS)
-    if out.exists() and not rescore:
-        old, old_meta = read_eta_table(out)
+    old = None
+    if not rescore and out.is_file():
+        try:
+            old, old_meta = read_eta_table(out)
+        except MedclrError:  # not an eta table: check_out let it pass only with overwrite, which replaces it
+            old = None
+    if old is not None:
         changed = [key for key in PLL_COMPAT_KEYS if old_meta.get(key) != compat[key]]
         if changed:
             log.warning("%s was scored with a different %s; rescoring all sentences", out, " and ".join(changed))
