@@ -45,7 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "reached under besides localhost and the bound address (e.g. the machine's name, or a "
                         "reverse proxy's public name); requests whose Host header names anything else are refused "
                         "(DNS rebinding). Repeatable or comma-separated; * turns the Host check off")
-    parser.add_argument("--port", type=int, default=7860, help="port (default 7860; 0 = first free port)")
+    parser.add_argument("--port", type=int, default=7860,
+                        help="port (default 7860; 0 = the first free port from 7860 up; the address is printed once "
+                             "the server listens)")
     parser.add_argument("--auth", metavar="USER:PASSWORD", help="require this login (prefer --auth-file or "
                         "MEDCLR_APP_AUTH: command lines are visible to other users)")
     parser.add_argument("--auth-file", metavar="FILE", help="file of USER:PASSWORD lines")
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     from medclr.app.service import AppService
-    from medclr.app.ui import build_blocks, launch
+    from medclr.app.ui import build_blocks, launch, serve_until_interrupted
     from medclr.index import load_index
     from medclr.inference import load_checkpoint
 
@@ -138,11 +140,13 @@ def run(args: argparse.Namespace) -> int:
     service = AppService(engine, index, max_pixels=args.max_pixels,
                          max_upload_bytes=int(args.max_upload_mb * 2**20), smoothing=args.smoothing)
     demo = build_blocks(service)
-    print(f"medclr app: serving {args.checkpoint} on http://{args.host}:{args.port or '<free port>'} (Ctrl+C stops); "
-          f"temporary files in {tempdir.private_temp_dir()} (removed on exit)", flush=True)
     try:
         launch(demo, host=args.host, port=args.port or None, auth=auth, max_file_size=_mb(args.max_upload_mb),
-               queue_size=args.queue_size, block=True, keep_minutes=args.keep_minutes, allowed_hosts=allowed_hosts)
+               queue_size=args.queue_size, block=False, keep_minutes=args.keep_minutes, allowed_hosts=allowed_hosts)
+        # the port the server bound (with --port 0, the first free one), printed once it is listening
+        print(f"medclr app: serving {args.checkpoint} on http://{args.host}:{demo.server_port} (Ctrl+C stops); "
+              f"temporary files in {tempdir.private_temp_dir()} (removed on exit)", flush=True)
+        serve_until_interrupted(demo)
     finally:
         demo.close(verbose=False)  # no request can write into the folder once it is gone
         tempdir.remove_private_temp_dir()

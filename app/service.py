@@ -36,14 +36,15 @@ from medclr.errors import MedclrError
 from medclr.inference.heatmap import MIN_MAP_RANGE, SMOOTH_SIGMA, has_localised_signal, map_range
 from medclr.inference.overlay import overlay
 from medclr.io import MAX_PIXELS, read_image, read_radiograph
+from medclr.io.codes import code_string
+from medclr.io.dicom import held_back
 
 log = logging.getLogger("medclr.app")
 
 # DICOM code strings (VR CS: Modality, ViewPosition, PhotometricInterpretation) hold upper-case
 # letters, digits, space and underscore, at most 16 characters. A header value outside that grammar
-# is not shown: the facts line is Markdown, and a crafted value ("CR <img src=...>", "[x](http://...)")
-# would otherwise become markup in the page.
-_CODE_STRING = re.compile(r"[A-Z0-9 _]{1,16}")
+# is not shown (``medclr.io.codes.code_string``, the rule inspect and score follow too): the facts line is
+# Markdown, and a crafted value ("CR <img src=...>", "[x](http://...)") would otherwise become markup in the page.
 
 
 # a file-system path inside a third-party log message (pydicom names the file it repairs)
@@ -72,8 +73,7 @@ def _scrubbed_paths():
 
 
 def _code_string(value: object) -> str:
-    text = str(value or "").strip()
-    return text.replace("_", "\\_") if _CODE_STRING.fullmatch(text) else ""
+    return code_string(value).replace("_", "\\_")  # "_" is the one Markdown character a code string may hold
 
 ACCEPTED = "a DICOM (.dcm), PNG or JPEG chest radiograph"
 
@@ -213,7 +213,8 @@ class AppService:
                 warnings.simplefilter("always")
                 image, header = read_radiograph(p, max_pixels=self.max_pixels)  # one read: size guard, pixels, header
             for w in caught:
-                log.warning("upload: %s", _scrub(self._clean(str(w.message), str(p))))
+                if not held_back(str(w.message)):  # pydicom's echo of a crafted header value: never logged
+                    log.warning("upload: %s", _scrub(self._clean(str(w.message), str(p))))
         except MedclrError as exc:
             log.info("upload refused: %s", self._clean(str(exc), str(p)))
             raise MedclrError(f"{self._clean(str(exc), str(p))}. Please upload {ACCEPTED}.") from None

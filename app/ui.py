@@ -104,6 +104,29 @@ def _as_sent(payload):
     return payload
 
 
+NOT_UPLOADED = "that file was not uploaded to this app; upload the image first (the page's button, or POST /gradio_api/upload)"
+
+
+def _refuse_foreign_files(demo: gr.Blocks) -> None:
+    """A file input must be an upload to this app. Gradio refuses any other path (a raw API call naming a file on
+    the server) while it prepares the inputs, before a handler runs, and prints a traceback that holds the
+    caller's string; here that refusal is one log line naming the endpoint, never the string, and the caller gets
+    :data:`NOT_UPLOADED`."""
+    from gradio.exceptions import InvalidPathError
+
+    prepare = demo.preprocess_data
+
+    async def preprocess_data(block_fn, *args, **kwargs):
+        try:
+            return await prepare(block_fn, *args, **kwargs)
+        except InvalidPathError:
+            log.warning("app: %s refused: a file input that was not uploaded to this app",
+                        getattr(block_fn, "api_name", None) or "a request")
+            raise gr.Error(NOT_UPLOADED, title="Cannot do that", print_exception=False) from None
+
+    demo.preprocess_data = preprocess_data
+
+
 def _png(image, stem: str) -> str:
     return render.save_png(image, tempdir.results_dir(), stem)
 
@@ -260,6 +283,7 @@ def build_blocks(service: AppService) -> gr.Blocks:
         panels = _panels(demo, upload)
         clear.click(lambda: tuple(_blank(c) for c in panels), None, panels, api_name="_clear",
                     api_visibility="private", queue=False)
+    _refuse_foreign_files(demo)
     return demo
 
 
@@ -336,6 +360,8 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = 7860, au
     cross-origin requests and oversized bodies are refused (``medclr.app.hosts.HostOriginPolicy``).
     With ``block``, serves until Ctrl-C, then closes the app (:func:`serve_until_interrupted`)."""
     tempdir.start_sweeper(keep_minutes * 60.0, after=functools.partial(_after_sweep, demo))
+    # Gradio checks its own start with httpx, which logs each of those requests at INFO ("HTTP Request: GET ...")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     app, url, _ = demo.launch(server_name=host, server_port=port, share=False, auth=auth,
                               max_file_size=max_file_size, prevent_thread_lock=True, quiet=True,

@@ -10,6 +10,7 @@ import argparse
 import os
 
 from medclr.errors import MedclrError
+from medclr.progress import add_progress_flag, progress_wanted
 
 HELP = "CheX5 zero-shot, MS-CXR grounding, retrieval, probes -> metrics.json + report"  # what `medclr --help` shows
 
@@ -93,6 +94,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="add another run's summary as a row of the report's Table 1 (repeatable), "
                         "e.g. random=eval_random/metrics.json")
     parser.add_argument("--no-figures", action="store_true", help="report.md without figures (faster)")
+    add_progress_flag(parser)
     parser.set_defaults(run=run)
 
 
@@ -135,11 +137,12 @@ def run(args: argparse.Namespace) -> int:
     kwargs = dict(tasks=args.tasks, split=args.split, prompts_file=args.prompts, max_images=args.max_images,
                   max_train_images=args.max_train_images, max_phrases=args.max_phrases, mscxr_split=args.mscxr_split,
                   batch_size=args.batch_size, workers=workers, device=device, n_boot=args.n_boot, seed=args.seed,
-                  figures=not args.no_figures, compare=compare)
+                  figures=not args.no_figures, compare=compare, progress=progress_wanted(args))
     if len(checkpoints) == 1:
         m = evaluate(checkpoints[0], args.data, args.out, **kwargs)
-        s = m["summary"]
-        shown = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in s.items() if v is not None)
+        s, notes = m["summary"], m.get("summary_notes") or {}
+        shown = ", ".join((f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}") + (f" ({notes[k]})" if k in notes else "")
+                          for k, v in s.items() if v is not None)
         print(f"wrote {os.path.join(args.out, 'metrics.json')}: {shown} ({m['timing_s']['total']} s)")
         return 0
     from medclr.evaluation.seeds_report import mean_sd

@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from medclr.data.groundtruth import GROUND_TRUTH_FILE, attach_ground_truth  # the table `medclr phantom` writes
 from medclr.data.labels import CHEX5
 from medclr.errors import MedclrError
 from medclr.evaluation import grounding as G
 from medclr.models.image import ImageFeatures
+from medclr.progress import progress_bar
 
 log = logging.getLogger(__name__)
 MSCXR_GLOB = "MS_CXR_Local_Alignment_v*.csv"
@@ -115,14 +115,11 @@ def with_labels(data: EvalData) -> EvalData:
     """A corpus whose manifest holds no CheX5 label at all gets them from its reports (``medclr.data.labeller``,
     as `medclr label` writes them), with a note: zero-shot AUC then measures agreement with the report's words,
     not with a radiologist's or a labeller's reading of the image."""
-    from medclr.data.labeller import label_manifest
+    from medclr.data.labeller import RULES_NOTE, labels_or_rules
 
-    df = data.manifest
-    if "sentences" not in df or any(c in df and df[c].notna().any() for c in CHEX5):
-        return data
-    data.manifest, filled = label_manifest(df, CHEX5)
-    data.notes.append(f"no CheX5 labels in the manifest: {', '.join(filled)} read from each report by medclr's rule "
-                      "labeller (`medclr label`; 1 stated, 0 negated, -1 hedged)")
+    data.manifest, filled = labels_or_rules(data.manifest, CHEX5)
+    if filled:
+        data.notes.append(f"no CheX5 labels in the manifest: {', '.join(filled)} {RULES_NOTE}")
     return data
 
 
@@ -348,13 +345,13 @@ class Encoded:
 
 
 def encode(model: Model, data: EvalData, rows: np.ndarray, keep_regions: set[int], prompts, batch_size: int,
-           workers: int) -> Encoded:
+           workers: int, progress: bool | str = "auto") -> Encoded:
     rows = np.unique(rows)
     paths = [data.image_path(i) for i in rows]
     glob, pos, neg, ok_rows, failed = [], [], [], [], []
     regions: dict[int, torch.Tensor] = {}
     sizes: dict[int, tuple[int, int]] = {}
-    bar = tqdm(total=len(paths), desc="encode images", unit="img")
+    bar = progress_bar(total=len(paths), desc="encode images", unit="img", enabled=progress)
     for batch in model.loader(paths, batch_size, workers):
         ok = batch["ok"].numpy()
         idx = rows[batch["i"].numpy()]

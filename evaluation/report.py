@@ -67,6 +67,15 @@ def summary(metrics: dict) -> dict[str, float | None]:
     return out
 
 
+def summary_notes(metrics: dict) -> dict[str, str]:
+    """What qualifies each Table 1 value (``Task.summary_notes``), by column key."""
+    out: dict[str, str] = {}
+    for t in tasks():
+        block = metrics.get(t.name)
+        out.update(t.summary_notes(block) if block else {})
+    return out
+
+
 def jsonable(x: Any) -> Any:
     """For metrics.json (strict JSON): NaN -> null, ±inf -> "inf"/"-inf", keys starting with _ dropped."""
     if isinstance(x, dict):
@@ -107,7 +116,9 @@ def _header_lines(m: dict) -> list[str]:
 
 def _summary_lines(m: dict) -> list[str]:
     cols = summary_columns()
-    rows = [["**this run**", *(fmt(m["summary"][c.key], c.decimals) for c in cols)]]
+    notes = m.get("summary_notes") or {}
+    rows = [["**this run**", *(fmt(m["summary"][c.key], c.decimals) + (f" ({notes[c.key]})" if c.key in notes else "")
+                               for c in cols)]]
     rows += [[label, *(fmt(o.get(c.key), c.decimals) for c in cols)] for label, o in m.get("compare", {}).items()]
     return [TABLE1_TITLE, "", *table1(rows, ["chance / control", *control_cells(m)]), "",
             "AUC/ACC: CheX5 zero-shot, macro over classes. CNR/mIoU: MS-CXR-format grounding, macro over categories. "

@@ -66,7 +66,7 @@ def _encode(model: Model, inp: Inputs, run: list[Task], batch_size: int, workers
     phrase_images = set(inp.phrases.table["index"].astype(int).tolist()) if "phrases" in uses else set()
     keep = phrase_images | (set(inp.test_rows.tolist()) if "test_regions" in uses else set())
     enc = encode(model, inp.data, np.asarray(sorted(need | phrase_images), dtype=np.int64), keep,
-                 inp.prompts if "prompts" in uses else None, batch_size, workers)
+                 inp.prompts if "prompts" in uses else None, batch_size, workers, progress=inp.progress)
     if enc.rows.size == 0:
         raise MedclrError(f"{inp.data.source}: none of the {len(enc.failed)} images could be read "
                           f"(first: {enc.failed[0]['error'] if enc.failed else 'no image'})")
@@ -92,16 +92,18 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
              prompts_file: str | None = None, max_images: int | None = None, max_train_images: int | None = 2000,
              max_phrases: int | None = None, mscxr_split: str = "auto", batch_size: int = 32, workers: int = 0,
              device: str = "cpu", n_boot: int = 1000, seed: int = 0, figures: bool = True,
-             compare: dict[str, str] | None = None) -> dict:
-    """Run the evaluation and write ``out``/metrics.json, phrases.csv, report.md, figures/*.png."""
+             compare: dict[str, str] | None = None, progress: bool | str = "auto") -> dict:
+    """Run the evaluation and write ``out``/metrics.json, phrases.csv, report.md, figures/*.png (``progress``: the
+    bars, ``medclr.progress``)."""
     from medclr.eval_report import read_summary
     from medclr.evaluation.data import load_eval_data
-    from medclr.evaluation.report import jsonable, summary, write_report
+    from medclr.evaluation.report import jsonable, summary, summary_notes, write_report
 
     t0 = time.perf_counter()
     compared = {label: read_summary(path) for label, path in (compare or {}).items()}
     data = load_eval_data(data_path)
     inp = _inputs(data, split, prompts_file, max_images, max_train_images, max_phrases, mscxr_split, n_boot, seed)
+    inp.progress = progress
     names, run, skipped = choose_tasks(tasks, inp, data.source)
     if not run:
         raise MedclrError(f"{data.source}: nothing to evaluate (no {split} images with labels, no MS-CXR phrases)")
@@ -120,6 +122,7 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
         if columns is not None:
             per_phrase = pd.concat([per_phrase, columns], axis=1)
     metrics["summary"] = summary(metrics)
+    metrics["summary_notes"] = summary_notes(metrics)  # e.g. AUC, ACC "over 4 of 5 classes"
     metrics["compare"] = compared
     metrics["timing_s"] = {"encode": round(t_enc, 1), "total": None}
 

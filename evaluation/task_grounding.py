@@ -12,6 +12,7 @@ import numpy as np
 
 from medclr.evaluation.markdown import fmt, header, pooled_row, table
 from medclr.evaluation.tasks import Column, Task
+from medclr.progress import progress_bar
 
 #: The paper's Table 4 (MS-CXR): CNR, mIoU.
 PAPER_TABLE4 = {"BioViL (paper)": (1.142, 0.174), "LSE+NL (paper)": (1.400, 0.190), "w/ DCL-η_LM (paper)": (1.486, 0.195)}
@@ -41,11 +42,10 @@ def flat_map_summary(ranges: np.ndarray, cnr: np.ndarray) -> dict:
             "localised_range_q05_q50_q95": q(ranges[localised])}
 
 
-def grounding_metrics(model, enc, ph, text, seed: int):
+def grounding_metrics(model, enc, ph, text, seed: int, progress: bool | str = "auto"):
     """(block, per-phrase DataFrame): CNR/mIoU of every phrase and of its other-phrase control."""
     import pandas as pd
     import torch
-    from tqdm.auto import tqdm
 
     from medclr.evaluation import grounding as G
     from medclr.evaluation.data import control_pairs
@@ -55,7 +55,7 @@ def grounding_metrics(model, enc, ph, text, seed: int):
     n = len(ph)
     out = {k: np.full(n, np.nan) for k in (*METRICS, "map_range")}
     by_image = ph.table.groupby("index", sort=True).indices
-    for idx, ks in tqdm(by_image.items(), desc="grounding", unit="img", total=len(by_image)):
+    for idx, ks in progress_bar(by_image.items(), desc="grounding", unit="img", total=len(by_image), enabled=progress):
         if int(idx) not in enc.regions:
             continue
         h, w = enc.sizes[int(idx)]
@@ -80,15 +80,13 @@ def heatmap_figures(outdir, inp, per_phrase) -> list[tuple[str, str]]:
     """Per MS-CXR category, the phrase with the MEDIAN CNR (representative, not the best)."""
     from dataclasses import replace
 
-    from tqdm.auto import tqdm
-
     from medclr.evaluation import grounding as G
     from medclr.evaluation.plots import display_image, plot_heatmap_panel, save_report_figure
     from medclr.io import read_image
 
     figs, model, ph = [], inp.model, inp.phrases
     cnr = per_phrase["CNR"].to_numpy(np.float64)
-    for cat in tqdm(sorted(set(ph.table["category"])), desc="figures: heatmaps", unit="fig"):
+    for cat in progress_bar(sorted(set(ph.table["category"])), desc="figures: heatmaps", unit="fig", enabled=inp.progress):
         ks = np.flatnonzero((ph.table["category"].to_numpy() == cat) & np.isfinite(cnr))
         if ks.size == 0:
             continue
@@ -118,7 +116,7 @@ class Grounding(Task):
         return None if len(inp.phrases) > 0 else "no MS-CXR phrases"
 
     def run(self, inp):
-        return grounding_metrics(inp.model, inp.enc, inp.phrases, inp.phrase_text(), inp.seed)
+        return grounding_metrics(inp.model, inp.enc, inp.phrases, inp.phrase_text(), inp.seed, inp.progress)
 
     def summary(self, g):
         return {"CNR": g["CNR"]["macro"], "mIoU": g["mIoU"]["macro"]}

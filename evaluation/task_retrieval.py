@@ -12,6 +12,7 @@ import numpy as np
 
 from medclr.evaluation.markdown import fmt, header, pooled_row, table
 from medclr.evaluation.tasks import Column, Task
+from medclr.progress import progress_bar
 
 ROI_BINS, ROI_SAMPLES = 3, 2
 DIRECTION_KEYS = ("R@10", "R@50", "R@100", "MedR")
@@ -54,19 +55,19 @@ def retrieval_scores(box_feats, text) -> np.ndarray:
     return (a @ torch.nn.functional.normalize(text.float(), dim=-1).T).cpu().numpy().astype(np.float64)
 
 
-def phrase_retrieval(model, enc, ph, text):
+def phrase_retrieval(model, enc, ph, text, progress: bool | str = "auto"):
     """(block, per-phrase ranks): R@K/MedR both ways, chance, the text-level view; ``block["_examples"]``
     keeps (phrase order, scores) for the figure."""
     import pandas as pd
     import torch
-    from tqdm.auto import tqdm
 
     from medclr.evaluation.retrieval import DEFAULT_KS, bidirectional_retrieval, ranks, text_level_retrieval
 
     keep = [k for k in range(len(ph)) if int(ph.table["index"].iat[k]) in enc.regions]
     feats, order, n_out = [], [], 0
     by_image = ph.table.iloc[keep].groupby("index", sort=True).indices
-    for idx, local in tqdm(by_image.items(), desc="retrieval: RoIAlign", unit="img", total=len(by_image)):
+    for idx, local in progress_bar(by_image.items(), desc="retrieval: RoIAlign", unit="img", total=len(by_image),
+                                   enabled=progress):
         h, w = enc.sizes[int(idx)]
         geo = model.geometry(h, w)
         ctx = model.compared_regions(enc.regions[int(idx)][None])[0]
@@ -165,7 +166,7 @@ class Retrieval(Task):
         return None if len(inp.phrases) > 1 else "fewer than 2 MS-CXR phrases"
 
     def run(self, inp):
-        return phrase_retrieval(inp.model, inp.enc, inp.phrases, inp.phrase_text())
+        return phrase_retrieval(inp.model, inp.enc, inp.phrases, inp.phrase_text(), inp.progress)
 
     def summary(self, r):
         return {"Recall": r["Recall"], "MedR": r["MedR"]}

@@ -88,11 +88,17 @@ class ZeroShot(Task):
             return []
         pc = z["per_class"]
         why = ", ".join(f"{c} ({pc[c]['n']} usable labels, {pc[c]['n_pos']} positive)" for c in left)
-        return [f"zeroshot: no AUC for {why}: the macro AUC is over {len(z['macro']['AUC_classes'])} of "
+        return [f"zeroshot: no AUC for {why}: the macro AUC and ACC are over {len(z['macro']['AUC_classes'])} of "
                 f"{len(z['classes'])} classes ({', '.join(z['macro']['AUC_classes']) or 'none'})"]
 
     def summary(self, z):
         return {"AUC": z["macro"]["AUC"], "ACC": z["macro"]["ACC"]}
+
+    def summary_notes(self, z):
+        if not z["macro"]["AUC_left_out"]:
+            return {}
+        over = f"over {len(z['macro']['AUC_classes'])} of {len(z['classes'])} classes"
+        return {"AUC": over, "ACC": over}
 
     def control(self, z):
         return ["0.500", "–"]

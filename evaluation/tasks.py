@@ -65,6 +65,7 @@ class Inputs:
     model: Model | None = None
     enc: Encoded | None = None
     _phrase_text: Any = field(default=None, repr=False)
+    progress: bool | str = "auto"  # the tasks' progress bars (medclr.progress): `medclr eval --no-progress` sets False
 
     @property
     def classes(self) -> list[str]:
@@ -100,6 +101,11 @@ class Task:
 
     def summary(self, block: dict) -> dict[str, Any]:
         """Its Table 1 values, by column key."""
+        return {}
+
+    def summary_notes(self, block: dict) -> dict[str, str]:
+        """What qualifies a Table 1 value, by column key (e.g. "over 4 of 5 classes"): shown beside the value in
+        Table 1 and in `medclr eval`'s summary line; none by default."""
         return {}
 
     def control(self, block: dict) -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from medclr.cli import is_built, main as medclr_main
 from medclr.errors import MedclrError
 from medclr.phantom.vocab import EVAL_PER_CLASS
+from medclr.progress import add_progress_flag
 
 HELP = "the main job: phantom data -> LM -> train -> eval -> index -> app"  # what `medclr --help` shows
 
@@ -51,6 +52,13 @@ def preset(args: argparse.Namespace) -> str:
 
 
 def plan(work: Path, args: argparse.Namespace) -> list[Step]:
+    steps = _steps(work, args)
+    if getattr(args, "no_progress", False):  # every step's bars off, the libraries' included
+        steps = [Step(s.name, s.command, [*s.argv, "--no-progress"], s.output) for s in steps]
+    return steps
+
+
+def _steps(work: Path, args: argparse.Namespace) -> list[Step]:
     phantom = work / "phantom"
     return [
         Step("generate CXR-Phantom", "phantom",
@@ -79,8 +87,10 @@ def plan(work: Path, args: argparse.Namespace) -> list[Step]:
 
 
 def headline(metrics_path: Path) -> str:
-    summary = json.loads(metrics_path.read_text()).get("summary", {})
-    return ", ".join(f"{k} {summary[k]:.3f}" for k in ("AUC", "CNR", "Recall") if summary.get(k) is not None)
+    metrics = json.loads(metrics_path.read_text())
+    summary, notes = metrics.get("summary", {}), metrics.get("summary_notes") or {}
+    return ", ".join(f"{k} {summary[k]:.3f}" + (f" ({notes[k]})" if k in notes else "")
+                     for k in ("AUC", "CNR", "Recall") if summary.get(k) is not None)
 
 
 def _verdict(low: float, high: float, level: float) -> str:
@@ -109,7 +119,9 @@ def standing(metrics: dict) -> str:
             lines.append(f"  {name:<18} {r['AUC']:.3f} [{lo:.3f}, {hi:.3f}]  {r['n_pos']:>4}/{r['n'] - r['n_pos']:<4}"
                          f"  0.500   {ctl:.3f}    {_verdict(lo, hi, 0.5):<28} {app}")
         m = zs["macro"]
-        lines.append(f"  {'macro':<18} {m['AUC']:.3f} [{m['AUC_CI'][0]:.3f}, {m['AUC_CI'][1]:.3f}]")
+        over = (f" (over {len(m['AUC_classes'])} of {len(zs['per_class'])} classes; no AUC for "
+                f"{', '.join(m['AUC_left_out'])})" if m.get("AUC_left_out") else "")
+        lines.append(f"  {'macro':<18} {m['AUC']:.3f} [{m['AUC_CI'][0]:.3f}, {m['AUC_CI'][1]:.3f}]{over}")
     g = metrics.get("grounding") or {}
     if g.get("CNR"):
         cnr, ctl = g["CNR"]["macro"], g["CNR_control"]["macro"]
@@ -133,13 +145,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="phantom pool studies to generate, split train/validate (default: 3000)")
     parser.add_argument("--eval-per-class", type=int, default=EVAL_PER_CLASS,
                         help=f"evaluation-set studies per CheX5 class (the test split; default: {EVAL_PER_CLASS})")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the phantom data set (default 0)")
     parser.add_argument("--preset", choices=("auto", "cpu_small", "cpu_zeroshot", "gpu_small"), default="auto",
                         help="training preset: auto = gpu_small with CUDA (2,500 steps: the model learns grounding "
                              "and negation), else cpu_small (450 steps of a 64 px ResNet-18 cut after layer3, "
                              "~8 minutes on 2 cores); cpu_zeroshot = the same model trained for zero-shot labels "
                              "(1,000 steps, ~20 minutes on 2 cores under bf16; docs/training.md)")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--port", type=int, default=7860, help="the app's port at the end (default 7860; 0 = the first free one)")
+    add_progress_flag(parser)
     parser.set_defaults(run=run)
 
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from medclr.errors import MedclrError
+from medclr.progress import add_progress_flag, progress_wanted
 
 HELP = "batch-score a directory tree of radiographs, resumably"  # what `medclr --help` shows
 
@@ -65,19 +66,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "a `medclr score` table is refused; an earlier run's table is resumed or replaced)")
     parser.add_argument("--embeddings", action="store_true", help="also store each image's global embedding")
     parser.add_argument("--prompts", metavar="FILE", default=None,
-                        help="YAML/JSON of class -> {positive: [...], negative: [...]} to score instead of the CheX5 "
-                             "pairs (docs/evaluation.md has the format); the checkpoint's calibration covers the "
-                             "CheX5 pairs only, so these columns hold the raw softmax over each pair, with a reason")
+                        help="a .yaml/.yml or .json file of class -> {positive: [...], negative: [...]} to score "
+                             "instead of the CheX5 pairs, e.g. the YAML line `Cardiomegaly: {positive: [The heart is "
+                             "enlarged], negative: [Heart size normal]}` (each side one prompt or a list); the "
+                             "checkpoint's calibration covers the CheX5 pairs only, so these columns hold the raw "
+                             "softmax over each pair, with a reason")
     parser.add_argument("--no-uids", dest="uids", action="store_false",
                         help="leave out the DICOM columns view, study_uid, series_uid, sop_uid (on by default so the "
                              "table joins back to the PACS; UIDs identify studies, so the table is then as sensitive "
                              "as the archive)")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=16, help="images per forward pass (default 16)")
     parser.add_argument("--workers", type=int, default=None,
                         help="DataLoader processes decoding images (default: cores-1, at most 8 on the CPU and 32 "
                              "with --device cuda)")
     parser.add_argument("--part-files", type=int, default=256,
-                        help="files per saved part (the most work a crash can cost; default 256)")
+                        help="files per saved part, each part exactly this many but the last (default 256); a "
+                             "crash loses at most the files not yet in a part: fewer than this, plus the batch "
+                             "being scored")
     parser.add_argument("--device", default="cpu", help="cpu, cuda (under torchrun: cuda:LOCAL_RANK)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads for the model (default: torch's)")
     parser.add_argument("--max-pixels", type=int, default=50_000_000, help="larger images are recorded as errors")
@@ -89,7 +94,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "with --device cuda (nvJPEG; the DICOM display table and the resize there), else in the "
                              "CPU workers; device = on the model's device whatever it is; cpu = always in the "
                              "workers (docs/scoring.md)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_flag(parser)
     parser.set_defaults(run=run)
 
 
@@ -111,7 +116,6 @@ def run(args: argparse.Namespace) -> int:
     from medclr.distributed import cleanup, env_world
     from medclr.inference import load_checkpoint
     from medclr.jobs.scoring import ScoreOptions, score_tree
-    from medclr.progress import show_progress
     from medclr.prompts import load_prompts
 
     prompts = load_prompts(args.prompts) if args.prompts else None  # a bad file fails before the model loads
@@ -124,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     workers = default_workers(device) if args.workers is None else args.workers
     opts = ScoreOptions(batch_size=args.batch_size, workers=workers, embeddings=args.embeddings,
                         part_files=args.part_files, max_pixels=args.max_pixels,
-                        progress=not args.no_progress and show_progress(), full_decode=args.full_decode,
+                        progress=progress_wanted(args), full_decode=args.full_decode,
                         uids=args.uids, prompts=prompts, decoder=args.decoder, overwrite=args.overwrite)
     try:
         stats = score_tree(engine, Path(args.input), Path(args.out), opts)

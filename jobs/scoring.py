@@ -163,9 +163,9 @@ class ScoreOptions:
     batch_size: int = 16
     workers: int = 1
     embeddings: bool = False
-    part_files: int = 256  # files per part: the most work a crash can cost
+    part_files: int = 256  # rows per part (the last part: the rest); a crash loses fewer, plus the batch in flight
     max_pixels: int = 50_000_000
-    progress: bool = True
+    progress: bool | str = "auto"  # medclr.progress: "auto" draws the bar when stderr is a terminal
     # decode every pixel and pass float32: the app's exact input. Off: JPEG and JPEG 2000 decode at a reduced
     # size and 8-bit sources travel as uint8 (docs/scoring.md, "Throughput")
     full_decode: bool = False
@@ -186,6 +186,14 @@ class ScoreOptions:
         return "full" if self.full_decode else "reduced"
 
 
+# what differs between a recorded run and this one, as the refusal says it: "holds a run scored <this>"
+_RUN_DIFFERS = {"weights_sha256": "with other model weights", "preprocess": "with other preprocessing",
+                "embeddings": "with another --embeddings setting", "classes": "for other classes",
+                "tau": "at another temperature (tau)", "root": "from another --input root",
+                "decode": "with another decode (--full-decode)", "findings": "with another validation record",
+                "uids": "with another --uids setting", "prompts": "with other prompts"}
+
+
 def _check_run(parts: Path, run: dict[str, Any]) -> None:
     path = parts / RUN_NAME
     if path.is_file():
@@ -199,10 +207,10 @@ def _check_run(parts: Path, run: dict[str, Any]) -> None:
             if key == "root" and key not in before:
                 continue  # runs recorded before the archive root was checked
             if before.get(key) != run.get(key):
-                shown = ("another validation record, or none" if key == "findings"
-                         else f"{before.get(key)!r} vs {run.get(key)!r}")
+                shown = ("or none" if key == "findings"
+                         else f"recorded {before.get(key)!r}, now {run.get(key)!r}")
                 raise MedclrError(
-                    f"{parts} holds a run with a different {key} ({shown}); "
+                    f"{parts} holds a run scored {_RUN_DIFFERS[key]} ({shown}); "
                     + ("resume it with --full-decode, or " if key == "decode" and before[key] == "full" else "")
                     + ("resume it with --no-uids, or " if key == "uids" and not before[key] else "")
                     + "use another --out, or delete that folder to start over")
@@ -255,7 +263,7 @@ def score_tree(engine, root: str | os.PathLike, out: str | os.PathLike,
     log.info("score: rank %d/%d: %d files, %d already done, %d to score (%d changed since scored)", rank, world,
              len(files), len(files) - len(todo), len(todo), changed)
     stats = {"files": len(files), "skipped_done": len(files) - len(todo), "changed": changed, "scored": 0,
-             "errors": 0, "parts": 0, "seconds": 0.0, "not_images": not_images}
+             "errors": 0, "parts": 0, "header_blanked": 0, "seconds": 0.0, "not_images": not_images}
     check_free_space(out, _space_needed(found, len(todo), len(classes), engine.joint_dim, opts),
                      f"the score table of {len(found)} files")
     start = time.perf_counter()
@@ -277,7 +285,9 @@ def _nothing_scored(root: Path, found: int, not_images: int, out: Path, first: t
     if not found:
         return (f"--input {root}: no DICOM, PNG or JPEG file found ({not_images} other "
                 f"{'file' if not_images == 1 else 'files'} passed over); nothing was scored")
-    where = f" (first: {first[0]}: {first[1]})" if first else ""
+    # a reader's reason names the file itself ("a.dcm: truncated ..."); it is not named twice
+    where = (f" (first: {first[1] if first[1].startswith(f'{first[0]}: ') else f'{first[0]}: {first[1]}'})"
+             if first else "")
     return (f"--input {root}: none of its {found} {'image' if found == 1 else 'images'} could be read, nothing was "
             f"scored{where}; every reason is in {errors_path(out)}")
 
@@ -294,21 +304,22 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
     loader = image_loader([root / f for f in todo], engine.preprocess, opts.batch_size, opts.workers,
                           max_pixels=opts.max_pixels, reduced=fast, uint8=fast,
                           pin_memory=engine.device.type == "cuda", device_formats=formats)
-    bar = None
-    if opts.progress:
-        from tqdm import tqdm
+    from medclr.progress import progress_bar
 
-        bar = tqdm(total=len(todo), unit="img", desc=f"scoring (rank {rank})" if env_world()[1] > 1 else "scoring")
+    bar = progress_bar(total=len(todo), unit="img", desc=f"scoring (rank {rank})" if env_world()[1] > 1 else "scoring",
+                       enabled=opts.progress)
     pending: list[dict[str, Any]] = []
-    counts = {"scored": 0, "errors": 0, "parts": 0}
+    counts = {"scored": 0, "errors": 0, "parts": 0, "header_blanked": 0}
     engine.prompt_embeddings(opts.prompts)  # encode the prompts once, before the loop (the engine caches them)
 
-    def flush() -> None:
+    def flush(last: bool = False) -> None:
+        """Parts of exactly --part-files rows (a batch larger than that fills several); the last one the rest."""
         nonlocal seq, pending
-        if pending:
-            _write_atomic(_table(pending, classes, opts.embeddings, opts.uids),
+        while pending and (last or len(pending) >= opts.part_files):
+            rows, pending = pending[:opts.part_files], pending[opts.part_files:]
+            _write_atomic(_table(rows, classes, opts.embeddings, opts.uids),
                           parts / f"part-r{rank:03d}-{seq:06d}.parquet")
-            seq, pending = seq + 1, []
+            seq += 1
             counts["parts"] += 1
 
     for batch in loader:
@@ -330,6 +341,7 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
                 pos, k = k, k + 1  # its place among the batch's decoded images
                 if not finite[pos]:
                     good, error = False, NON_FINITE
+            counts["header_blanked"] += bool(batch["fields"][j].get("blanked"))
             row: dict[str, Any] = {"path": todo[i], "ok": good, "error": error, "size": size, "mtime_ns": mtime_ns,
                                    "run": this_run, "height": int(batch["height"][j]), "width": int(batch["width"][j]),
                                    "caution": batch["caution"][j], "fields": batch["fields"][j]}
@@ -340,13 +352,14 @@ def _score_files(engine, root: Path, todo: list[str], prints: dict[str, tuple[in
             else:
                 counts["errors"] += 1
             pending.append(row)
-        if bar is not None:
-            bar.update(len(batch["i"]))
-        if len(pending) >= opts.part_files:
-            flush()
-    flush()
-    if bar is not None:
-        bar.close()
+        bar.update(len(batch["i"]))
+        flush()
+    flush(last=True)
+    bar.close()
+    if counts["header_blanked"] and opts.uids:
+        log.warning("score: %d file(s) hold a view or UID in their DICOM header that is not a DICOM code string or UID "
+                    "(a damaged or crafted header); written as \"\" in the table, never as read (medclr.io.codes)",
+                    counts["header_blanked"])
     return counts
 
 

@@ -15,6 +15,11 @@ validation labels, finding by finding (:func:`fit_findings`):
 * ``reads``: AUC ≥ ``min_auc`` and the CI's lower end above chance; otherwise ``reason`` says why in one
   plain sentence, and readers show no probability for that finding (:func:`probability`).
 
+The record says where the validation labels came from (``labels``): ``manifest``, the manifest's own CheX5
+columns, or ``rules``, read from each validation report by medclr's rule labeller when the validation rows have
+none (``medclr.data.labeller.labels_or_rules``, as `medclr eval` labels a corpus without): the AUCs then measure
+agreement with the reports' words, not with a radiologist's reading of the image.
+
 The record is stored in ``checkpoint_meta.json`` (``findings``; medclr.inference.metadata). A checkpoint
 without it (older, or trained without a labelled validation split) is "not validated" (:data:`NOT_VALIDATED`).
 The probabilities are calibrated at the validation set's prevalence (the phantom's balanced validation
@@ -49,9 +54,11 @@ def sigmoid(z: np.ndarray | float) -> np.ndarray:
 
 
 def fit_findings(margins: np.ndarray, labels: np.ndarray, classes: Sequence[str], *, min_auc: float = MIN_AUC,
-                 n_boot: int = 1000, seed: int = 0, split: str | None = None) -> dict[str, Any]:
+                 n_boot: int = 1000, seed: int = 0, split: str | None = None,
+                 label_source: str = "manifest") -> dict[str, Any]:
     """The per-finding record of a checkpoint (module docstring) from validation margins (N x C) and
-    labels (N x C: 1 / 0; −1 and NaN are left out per finding)."""
+    labels (N x C: 1 / 0; −1 and NaN are left out per finding); ``label_source``: where the labels came from,
+    ``manifest`` or ``rules`` (recorded as ``labels``)."""
     from medclr.metrics import zero_shot_metrics
 
     m = np.asarray(margins, dtype=np.float64)
@@ -77,7 +84,8 @@ def fit_findings(margins: np.ndarray, labels: np.ndarray, classes: Sequence[str]
             if not entry["reads"]:
                 entry["reason"] = _reason(name, auc, lo, min_auc)
         per[name] = entry
-    return {"min_auc": float(min_auc), "split": split, "prompts": "paper", "n_boot": int(n_boot), "classes": per}
+    return {"min_auc": float(min_auc), "split": split, "labels": label_source, "prompts": "paper",
+            "n_boot": int(n_boot), "classes": per}
 
 
 def youden_threshold(margin: np.ndarray, label: np.ndarray) -> float:

@@ -159,9 +159,13 @@ def zero_shot_metrics(
     class. Returns::
 
         {"per_class": {cls: {"AUC", "ACC", "AUC_CI", "ACC_CI", "n", "n_pos", "n_boot_AUC"}},
-         "macro": {"AUC", "ACC", "AUC_CI", "ACC_CI"}, "n_boot", "seed", "ci_level"}
+         "macro": {"AUC", "ACC", "AUC_CI", "ACC_CI", "AUC_classes", "AUC_left_out", "ACC_classes", "ACC_left_out"},
+         "n_boot", "seed", "ci_level"}
 
-    AUC is NaN for a class with one label value (then left out of the macro). ``n_boot=0``
+    AUC is NaN for a class with one label value (then left out of the macro). The macro ACC is over the same
+    classes as the macro AUC (``AUC_classes``, ``ACC_classes``): a class whose usable labels are all positive
+    (or all negative) has a per-class ACC, the share of images predicted on that one side, but no place in a
+    mean of accuracies over classes that can be told apart. ``n_boot=0``
     skips the bootstrap (CIs are NaN). The bootstrap draws (n_boot, N) image indices once,
     shared by all classes; per-resample AUCs are computed vectorised from ranks (identical to
     ``roc_auc_score`` on the resample), and a class lacking positives or negatives in a
@@ -232,14 +236,18 @@ def zero_shot_metrics(
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(cnt > 0, np.where(ok, samples, 0.0).sum(axis=1) / cnt, np.nan)
 
+    # both macros are over the classes whose AUC is defined (positives and negatives among the usable labels);
+    # the others are named, so a four-class mean never passes for a five-class one
+    in_macro = np.isfinite(aucs)
+    kept = [c for c, ok in zip(names, in_macro) if ok]
     macro = {
         "AUC": _macro(aucs),
-        "ACC": _macro(accs),
+        "ACC": _macro(np.where(in_macro, accs, np.nan)),
         "AUC_CI": _ci(_macro_rows(boot_auc), ci_level),
-        "ACC_CI": _ci(_macro_rows(boot_acc), ci_level),
-        # the macro AUC is over the classes whose AUC is defined (positives and negatives among the usable
-        # labels); the others are named, so a four-class mean never passes for a five-class one
-        "AUC_classes": [c for c, a in zip(names, aucs) if np.isfinite(a)],
-        "AUC_left_out": [c for c, a in zip(names, aucs) if not np.isfinite(a)],
+        "ACC_CI": _ci(_macro_rows(np.where(in_macro, boot_acc, np.nan)), ci_level),
+        "AUC_classes": kept,
+        "AUC_left_out": [c for c, ok in zip(names, in_macro) if not ok],
+        "ACC_classes": list(kept),
+        "ACC_left_out": [c for c, ok in zip(names, in_macro) if not ok],
     }
     return {"per_class": per, "macro": macro, "n_boot": int(n_boot), "seed": int(seed), "ci_level": float(ci_level)}

@@ -168,8 +168,9 @@ def load_prompts(path: str | Path) -> PromptSet:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise PromptFileError(f"{p}: cannot read prompt file ({exc.strerror or exc})") from None
+    yaml_file = p.suffix.lower() in (".yaml", ".yml")
     try:
-        if p.suffix.lower() in (".yaml", ".yml"):
+        if yaml_file:
             import yaml
 
             data = yaml.safe_load(text)
@@ -177,5 +178,10 @@ def load_prompts(path: str | Path) -> PromptSet:
             data = json.loads(text)
     except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PromptFileError(f"{p}: not valid {'YAML' if p.suffix.lower() in ('.yaml', '.yml') else 'JSON'}: {first}") from None
+        if yaml_file or p.suffix.lower() == ".json":
+            raise PromptFileError(f"{p}: not valid {'YAML' if yaml_file else 'JSON'}: {first}") from None
+        # another suffix (.txt, none): say which formats a prompt file takes, not only that JSON failed
+        raise PromptFileError(f"{p}: expected a prompt file in YAML (.yaml, .yml) or JSON (.json), a mapping of "
+                              f"class -> {{positive: [...], negative: [...]}}; a {p.suffix or 'file without a suffix'} "
+                              f"is read as JSON, and this one is not ({first})") from None
     return validate_prompts(data, str(p))

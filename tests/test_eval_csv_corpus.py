@@ -34,7 +34,7 @@ def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("csv_corpus")
     phantom = d / "phantom"
     assert medclr_main("phantom", "--out", phantom, "--n", 24, "--size", 64, "--seed", 3, "--eval-per-class", 4,
-                       "--val-per-class", 0, "--workers", 1, "--quiet") == 0
+                       "--val-per-class", 3, "--workers", 1, "--quiet") == 0
     export = write_export(phantom, d / "export.csv")
     assert medclr_main("prepare", "--csv", d / "export.csv", "--image-col", "file", "--report-col", "report_text",
                        "--split-col", "partition", "--out", d / "corpus.parquet") == 0
@@ -118,3 +118,60 @@ def test_label_agreement_with_the_phantoms_truth(corpus, capsys):
     assert medclr_main("label", "--manifest", d / "corpus.parquet", "--out", d / "x.parquet",
                        "--truth", d / "corpus.parquet") == 1
     assert "no CheX5 labels to compare with" in capsys.readouterr().err
+
+
+def test_training_on_a_csv_corpus_without_labels_validates_on_the_rule_labels(corpus, tmp_path, capsys, caplog):
+    """`medclr train` on the label-free corpus: its end-of-training validation labels the validation reports with
+    the rules `medclr eval` uses (one log line), so the findings record counts positives and negatives per finding
+    (the rules' own counts on those reports, not 0 and 0) and says ``labels: rules``; val/chex5_auc is a number.
+    Then `medclr eval` and `medclr export --format hf --report`: the model card shows those counts, says where the
+    labels came from, and shows the study-level retrieval that eval computed (not a dash)."""
+    import logging
+    import math
+
+    from medclr.data.labeller import label_report
+    from medclr.eval_report import fmt
+    from medclr.inference import read_metadata
+    from tests.test_training import _cli, _metrics, _train_cmd, write_tiny_bert
+
+    d, _phantom, _export, manifest, _ckpt = corpus
+    lm = write_tiny_bert(tmp_path / "lm", sorted({s for sents in manifest["sentences"] for s in sents}))
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="medclr.training.hooks"):
+        assert _cli(_train_cmd("infonce", d / "corpus.parquet", lm, out, "train.batch_size=8", "train.max_steps=2",
+                               "ckpt.every=100", "val.every=0", "model.head=cosine")[3:]) == 0
+    said = [r.getMessage() for r in caplog.records if "no CheX5 labels" in r.getMessage()]
+    assert len(said) == 1 and "validate split" in said[0] and "rule labeller" in said[0]
+
+    val = manifest[(manifest["split"] == "validate") & manifest["sentences"].map(len).astype(bool)]
+    rules = pd.DataFrame([label_report(list(s)) for s in val["sentences"]])
+    rec = read_metadata(out).findings
+    assert rec["labels"] == "rules" and rec["split"] == "validate"
+    for c in CHEX5:
+        e = rec["classes"][c]
+        assert (e["n"], e["n_pos"]) == (int(rules[c].isin([0.0, 1.0]).sum()), int((rules[c] == 1).sum())), c
+        assert 0 < e["n_pos"] < e["n"] and e["auc"] is not None and e["platt"] is not None, (c, e)
+    last = _metrics(out)[-1]
+    assert math.isfinite(last["val/chex5_auc"]) and all(math.isfinite(last[f"val/auc/{c}"]) for c in CHEX5)
+
+    assert _cli(["eval", "--checkpoint", str(out), "--data", str(d / "corpus.parquet"), "--out", str(tmp_path / "ev"),
+                 "--n-boot", "20", "--no-figures"]) == 0
+    assert _cli(["export", "--checkpoint", str(out), "--format", "hf", "--out", str(tmp_path / "hf"),
+                 "--report", str(tmp_path / "ev")]) == 0
+    capsys.readouterr()
+    m = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    card = (tmp_path / "hf" / "README.md").read_text()
+    validation = card.split("## Validation at the end of training")[1].split("## Intended use")[0]
+    assert "read from each report by medclr's rule labeller" in validation
+    for c in CHEX5:
+        e = rec["classes"][c]
+        assert f"| {c} | " in validation and f" | {e['n']} | {e['n_pos']} | " in validation, c
+    assert "0 positive and 0 negative" not in card
+    rep = m["reports"]
+    assert "retrieval" not in m and rep["n_studies"] == 23
+    chance = np.mean([rep["chance"][f"R@{k}"] for k in (1, 5, 10)])
+    row = next(line for line in card.splitlines() if line.startswith("| study-level retrieval recall"))
+    assert f"| {fmt(rep['Recall'])} |" in row and f"| {fmt(float(chance))} (chance) |" in row
+    row = next(line for line in card.splitlines() if line.startswith("| study-level retrieval median rank"))
+    assert f"| {fmt(rep['MedR'], 1)} |" in row and f"| {fmt(rep['chance']['MedR'], 1)} (chance) |" in row
+    assert "| retrieval recall (mean R@10/50/100)" not in card  # the phrase-box task did not run: no row of dashes

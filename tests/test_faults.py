@@ -29,6 +29,9 @@ Where a fault is tested elsewhere it is named here (the last column), not tested
 | `medclr score` with nothing readable (issue 46) | exit 1, the first reason; the tables written | [14] |
 | two saves of the same tensors (issue 46) | byte-identical safetensors files | [15] |
 | config values out of range or of another type (issue 46) | one line when the config is read | [16] |
+| progress bars piped to a log, no --no-progress (issue 46) | no bar off a terminal; --no-progress everywhere | [17] |
+| library lines, unnamed or echoed inputs, --help gaps, the eval macro (issue 46) | held back, named, described | [18] |
+| untrusted DICOM header strings (issue 46) | reduced to their VR's alphabet, counted | [19] |
 
 [1] test_image_cache.py::test_altered_and_truncated_entries_are_rebuilt_not_served
 [2] test_image_cache.py::test_a_source_replaced_in_place_gets_a_new_entry
@@ -47,6 +50,9 @@ Where a fault is tested elsewhere it is named here (the last column), not tested
 [14] test_score.py::test_scoring_nothing_is_an_error_with_the_reasons_written
 [15] test_models.py::test_saves_of_the_same_state_are_byte_identical
 [16] test_training.py::test_bad_config_is_one_clear_line
+[17] test_progress.py
+[18] test_messages.py
+[19] test_header_strings.py
 """
 
 from __future__ import annotations
@@ -320,7 +326,7 @@ def test_blank_images_are_error_rows_never_scores(engine, blanks, tmp_path):  # 
     assert set(err.index) == blank_names and stats["errors"] == len(blank_names)
     for name in blank_names:
         assert "(a blank image: nothing to read)" in err.loc[name, "error"], err.loc[name, "error"]
-    assert err.loc["black.png", "error"].startswith("image: every pixel has the value 0 ")
+    assert err.loc["black.png", "error"].startswith("black.png: every pixel has the value 0 ")  # names its file
 
 
 def test_blank_images_are_refused_by_the_app_and_inspect(engine, blanks, capsys):  # noqa: F811

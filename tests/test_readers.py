@@ -106,6 +106,70 @@ def test_csv_corpus_with_its_own_column_names(tmp_path, capsys):
     assert main([*argv, "--image-col", "nope"]) == 1 and "'nope'" in capsys.readouterr().err
 
 
+def test_csv_corpus_studies_and_subjects(tmp_path, capsys, caplog):
+    """--study-col / --subject-col (default study_id / subject_id when present) through `medclr prepare --csv`;
+    without them each row is a study and a subject of its own (ids from its image path, one log line), so the
+    data-quality summary finds no "study with two reports" and every hashed split keeps subjects apart."""
+    import hashlib
+    import logging
+
+    from medclr.cli import main
+    from medclr.data.quality import data_quality
+    from medclr.data.readers.common import hash_split
+    from medclr.data.readers.csv_corpus import row_id
+
+    reports = ["Small left effusion.", "Clear lungs.", "Heart is enlarged.", "No pneumothorax."]
+    paths = [f"img/{k:02d}.png" for k in range(40)]
+    plain = pd.DataFrame({"image_path": paths, "report": [reports[k % 4] for k in range(40)]})
+    plain.to_csv(tmp_path / "plain.csv", index=False)
+    out = tmp_path / "m.parquet"
+    with caplog.at_level(logging.INFO, logger="medclr.data.readers.csv_corpus"):
+        assert main(["prepare", "--csv", str(tmp_path / "plain.csv"), "--out", str(out)]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "medclr.data.readers.csv_corpus"]
+    assert len(said) == 1 and "no study_id or subject_id column" in said[0] and "of its own" in said[0]
+    df = read_manifest(out)
+    assert df["study_id"].tolist() == [row_id(p) for p in paths] == df["subject_id"].tolist()
+    assert df["study_id"].nunique() == 40 and df["study_id"].iat[0] == "img-" + hashlib.sha1(b"img/00.png").hexdigest()[:12]
+    assert df["split"].tolist() == [hash_split(p) for p in paths]  # the split of a CSV without ids is unchanged
+    assert data_quality(df)["study_with_two_reports"] == 0
+    assert main(["prepare", "--csv", str(tmp_path / "plain.csv"), "--out", str(tmp_path / "again.parquet")]) == 0
+    assert read_manifest(tmp_path / "again.parquet")["study_id"].tolist() == df["study_id"].tolist()  # deterministic
+
+    # a hospital export's own names: 8 patients, 20 studies, 40 images (two per study), no split column
+    own = plain.assign(accession=[f"A{k // 2:03d}" for k in range(40)], patient=[f"P{k // 5}" for k in range(40)])
+    own.loc[3, "accession"] = None  # a blank study id: the row's own
+    own.to_csv(tmp_path / "own.csv", index=False)
+    caplog.clear()
+    argv = ["prepare", "--csv", str(tmp_path / "own.csv"), "--out", str(out)]
+    with caplog.at_level(logging.INFO, logger="medclr.data.readers.csv_corpus"):
+        assert main([*argv, "--study-col", "accession", "--subject-col", "patient"]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "medclr.data.readers.csv_corpus"]
+    assert len(said) == 1 and "1 rows with a blank study or subject id" in said[0]
+    df = read_manifest(out)
+    assert df["study_id"].tolist() == [row_id(p) if k == 3 else f"A{k // 2:03d}" for k, p in enumerate(paths)]
+    assert df["subject_id"].tolist() == [f"P{k // 5}" for k in range(40)]
+    assert df.groupby("subject_id")["split"].nunique().max() == 1  # no patient in two splits
+    assert df["split"].tolist() == [hash_split(f"P{k // 5}") for k in range(40)]
+    capsys.readouterr()
+    assert main([*argv, "--study-col", "nope"]) == 1 and "'nope'" in capsys.readouterr().err
+    own.assign(fold=["train"] * 3 + ["test"] * 37).to_csv(tmp_path / "folds.csv", index=False)  # P0 in two splits
+    caplog.clear()
+    assert main(["prepare", "--csv", str(tmp_path / "folds.csv"), "--out", str(out), "--split-col", "fold",
+                 "--subject-col", "patient"]) == 0
+    assert any("1 subjects have rows in more than one split (first: 'P0')" in r.getMessage() for r in caplog.records)
+
+    # columns named study_id (and no subject column): read by default; each study is its own subject
+    plain.assign(study_id=[f"{k // 2}" for k in range(40)]).to_csv(tmp_path / "studies.csv", index=False)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="medclr.data.readers.csv_corpus"):
+        assert main(["prepare", "--csv", str(tmp_path / "studies.csv"), "--out", str(out)]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "medclr.data.readers.csv_corpus"]
+    assert len(said) == 1 and "no subject_id column (--subject-col): each study is a subject of its own" in said[0]
+    df = read_manifest(out)
+    assert df["study_id"].tolist() == [f"{k // 2}" for k in range(40)] == df["subject_id"].tolist()
+    assert df.groupby("study_id")["split"].nunique().max() == 1  # a study's two images stay together
+
+
 def test_mscxr(tmp_path):
     rows = pd.DataFrame({"dicom_id": ["a", "a", "b"], "category_name": ["Pneumonia", "Pneumonia", "Cardiomegaly"],
                          "label_text": ["left opacity", "left opacity", "big heart"], "path": ["files/p1/a.jpg"] * 3,

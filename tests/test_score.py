@@ -111,7 +111,7 @@ def test_sigkill_mid_run_then_resume_scores_every_file_once(archive, app_assets,
     summary = f"scored 0 files (0 unreadable, {N_PNG + 3} already done; 1 other file passed over, not radiographs)"
     assert summary in capsys.readouterr().out
     assert main(_cmd(app_assets["other_checkpoint"], archive, out)[3:]) == 1
-    assert "different weights_sha256" in capsys.readouterr().err
+    assert "holds a run scored with other model weights (recorded " in capsys.readouterr().err
 
 
 def test_score_in_process_with_shards(engine, tmp_path, monkeypatch):  # noqa: F811
@@ -152,7 +152,7 @@ def test_resuming_onto_another_archive_is_refused(engine, tmp_path, monkeypatch)
         Image.fromarray(_grey(10 if name == "A" else 200)).save(tmp_path / name / "same.png")
     opts = scoring.ScoreOptions(batch_size=2, workers=0, progress=False)
     assert scoring.score_tree(engine, tmp_path / "A", out, opts)["scored"] == 1
-    with pytest.raises(MedclrError, match="different root"):
+    with pytest.raises(MedclrError, match="scored from another --input root"):
         scoring.score_tree(engine, tmp_path / "B", out, opts)
     assert len(pd.read_parquet(out)) == 1  # A's table untouched
 
@@ -267,7 +267,7 @@ def test_reduced_decode_scores_near_the_app_and_full_decode_equals_it(engine, tm
             assert max(abs(res.loc[f, c] - probs[c]) for c in CLASSES) <= exact, (f, full_decode)
         assert json.loads(pq.read_schema(out).metadata[b"medclr"])["decode"] == opts.decode
         other = scoring.ScoreOptions(batch_size=3, workers=0, progress=False, full_decode=not full_decode)
-        with pytest.raises(MedclrError, match="different decode"):
+        with pytest.raises(MedclrError, match=r"scored with another decode \(--full-decode\)"):
             scoring.score_tree(engine, root, out, other)
     legacy = scoring.parts_dir(tmp_path / "True.parquet") / scoring.RUN_NAME
     legacy.write_text(json.dumps({k: v for k, v in json.loads(legacy.read_text()).items() if k != "decode"}))

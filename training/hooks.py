@@ -12,7 +12,9 @@ similarity head) and ``medclr.metrics`` (R@K, AUC); training imports nothing fro
 It is RNG-neutral (fork_rng, eval mode), so validating never changes what training does next.
 At the end of training :meth:`Validator.findings` scores every labelled validation image and records which
 CheX5 findings the model reads (``medclr.findings``: AUC with CI, direction, Platt calibration, operating
-point), which the final checkpoint keeps in ``checkpoint_meta.json``.
+point), which the final checkpoint keeps in ``checkpoint_meta.json``. Validation rows without any CheX5 label (a
+CSV corpus) are labelled from their reports by medclr's rule labeller, as `medclr eval` labels such a corpus
+(``medclr.data.labeller.labels_or_rules``): one log line says so, and the findings record says ``labels: rules``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 
 from medclr.errors import MedclrError
-from medclr.progress import show_progress
+from medclr.progress import progress_bar, show_progress
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +50,8 @@ class MetricsLogger:
                 raise MedclrError("log.tensorboard=true needs the tensorboard package (pip install tensorboard)") from None
             self.tb = SummaryWriter(str(Path(out) / "tensorboard"))
         if show_progress(cfg["log"]["progress"]):
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+            self.bar = progress_bar(total=total_steps, initial=start_step, desc="train", unit="step",
+                                    dynamic_ncols=True, enabled=True)
 
     def _truncate(self, start_step: int) -> None:
         if not self.path.is_file():
@@ -104,13 +105,35 @@ class Validator:
         self.cfg, self.device, self.amp_dtype = cfg, device, amp_dtype
         self.ds = None
         self.unavailable = None
+        self.label_source = "manifest"  # or "rules": the validation rows had no labels (medclr.findings)
+
+    def _table(self):
+        """The validation rows (``medclr.training.data.load_table``); rows without any CheX5 label get them from
+        their reports by rules (``medclr.data.labeller.labels_or_rules``, the rule `medclr eval` applies)."""
+        import pandas as pd
+
+        from medclr.data.labeller import RULES_NOTE, labels_or_rules
+        from medclr.data.labels import CHEX5
+        from medclr.training.data import load_table
+
+        split = self.cfg["data"]["val_split"]
+        table = load_table(self.cfg, split=split, eta=False)
+        given = {} if table.labels is None else dict(zip(CHEX5, table.labels.T))
+        rows, filled = labels_or_rules(pd.DataFrame({"sentences": table.sentences, **given}), CHEX5)
+        if filled:
+            table.labels = rows[list(CHEX5)].to_numpy(dtype=np.float64)
+            if self.label_source != "rules":
+                log.info("validation: no CheX5 labels in the %s split of the manifest: %s %s", split,
+                         ", ".join(filled), RULES_NOTE)
+            self.label_source = "rules"
+        return table
 
     def _dataset(self):
         if self.ds is None and self.unavailable is None:
-            from medclr.training.data import PairDataset, load_table
+            from medclr.training.data import PairDataset
 
             try:
-                table = load_table(self.cfg, split=self.cfg["data"]["val_split"], eta=False)
+                table = self._table()
             except MedclrError as exc:
                 self.unavailable = str(exc)
                 log.info("validation skipped: %s", exc)
@@ -178,10 +201,10 @@ class Validator:
         positives); None without a labelled validation split."""
         from medclr.data.labels import CHEX5
         from medclr.findings import fit_findings
-        from medclr.training.data import PairDataset, load_table
+        from medclr.training.data import PairDataset
 
         try:
-            table = load_table(self.cfg, split=self.cfg["data"]["val_split"], eta=False)
+            table = self._table()
         except MedclrError as exc:
             log.info("per-finding validation skipped: %s", exc)
             return None
@@ -197,7 +220,7 @@ class Validator:
         finally:
             model.train(was_training)
         return fit_findings(s_pos - s_neg, table.labels, CHEX5, seed=int(self.cfg["seed"]),
-                            split=str(self.cfg["data"]["val_split"]))
+                            split=str(self.cfg["data"]["val_split"]), label_source=self.label_source)
 
     def _score(self, model, ds) -> dict:
         from medclr.metrics import retrieval_metrics, zero_shot_metrics  # scipy, scikit-learn: only when validating

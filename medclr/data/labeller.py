@@ -116,6 +116,21 @@ def label_manifest(manifest, classes: Sequence[str] = CHEX5, overwrite: bool = F
     return df, fill
 
 
+#: how the readers of a labelled manifest say where rule labels came from (`medclr eval`'s note, training's log
+#: and the findings record of a checkpoint validated on them)
+RULES_NOTE = "read from each report by medclr's rule labeller (`medclr label`; 1 stated, 0 negated, -1 hedged)"
+
+
+def labels_or_rules(manifest, classes: Sequence[str] = CHEX5):
+    """(manifest, the classes read by rules): the manifest as it is when any of ``classes`` holds a label (or it has
+    no ``sentences``), else every class read from its reports (:func:`label_manifest`). The one rule for rows that
+    come without labels: `medclr eval` (a corpus without labels) and training's validation (a validation split
+    without labels) both apply it, so a checkpoint's findings record and its evaluation read the same labels."""
+    if "sentences" not in manifest or any(c in manifest and manifest[c].notna().any() for c in classes):
+        return manifest, []
+    return label_manifest(manifest, classes)
+
+
 _VALUE_NAMES = (("1", 1.0), ("0", 0.0), ("-1", -1.0))
 
 

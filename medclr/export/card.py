@@ -157,8 +157,8 @@ def _evaluation(metrics: dict[str, Any] | None) -> list[str]:
 
 
 def _summary_rows(m: dict[str, Any]) -> list[list[str]]:
-    z, g, r = m.get("zeroshot") or {}, m.get("grounding") or {}, m.get("retrieval") or {}
-    macro, shuffled, chance = z.get("macro") or {}, z.get("control_shuffled_labels") or {}, r.get("chance") or {}
+    z, g = m.get("zeroshot") or {}, m.get("grounding") or {}
+    macro, shuffled = z.get("macro") or {}, z.get("control_shuffled_labels") or {}
     s = m["summary"]
     return [["zero-shot AUC (macro, CheX5)", fmt(s.get("AUC")), ci(macro.get("AUC_CI")).strip() or "–",
              f"{fmt(shuffled.get('AUC'))} (labels shuffled)"],
@@ -168,8 +168,29 @@ def _summary_rows(m: dict[str, Any]) -> list[list[str]]:
              f"{fmt((g.get('CNR_control') or {}).get('macro'))} (another phrase's map)"],
             ["grounding mIoU (macro)", fmt(s.get("mIoU")), "–",
              f"{fmt((g.get('mIoU_control') or {}).get('macro'))} (another phrase's map)"],
-            ["retrieval recall (mean R@10/50/100)", fmt(s.get("Recall")), "–", f"{fmt(chance.get('Recall'))} (chance)"],
-            ["retrieval median rank", fmt(s.get("MedR"), 1), "–", f"{fmt(chance.get('MedR'), 1)} (chance)"]]
+            *_retrieval_rows(m)]
+
+
+def _retrieval_rows(m: dict[str, Any]) -> list[list[str]]:
+    """The retrieval rows: phrase-box retrieval (task `retrieval`, Table 1's Recall and MedR) when the report ran it
+    or ran neither kind, study-level image <-> report retrieval (task `reports`) when it ran that."""
+    r, studies, s = m.get("retrieval") or {}, m.get("reports") or {}, m["summary"]
+    rows = []
+    if r or not studies:
+        chance = r.get("chance") or {}
+        rows += [["retrieval recall (mean R@10/50/100)", fmt(s.get("Recall")), "–", f"{fmt(chance.get('Recall'))} (chance)"],
+                 ["retrieval median rank", fmt(s.get("MedR"), 1), "–", f"{fmt(chance.get('MedR'), 1)} (chance)"]]
+    if studies:
+        chance = studies.get("chance") or {}
+        ks = sorted(int(k[2:]) for k in chance if k.startswith("R@"))
+        at = "/".join(f"R@{k}" for k in ks)
+        recall_chance = sum(chance[f"R@{k}"] for k in ks) / len(ks) if ks else None
+        where = f"{fmt(studies.get('n_studies'))} studies, image ↔ report"
+        rows += [[f"study-level retrieval recall (mean {at}, {where})", fmt(studies.get("Recall")), "–",
+                  f"{fmt(recall_chance)} (chance)"],
+                 [f"study-level retrieval median rank ({where})", fmt(studies.get("MedR"), 1), "–",
+                  f"{fmt(chance.get('MedR'), 1)} (chance)"]]
+    return rows
 
 
 def _validation(inference: Inference) -> list[str]:
@@ -181,9 +202,12 @@ def _validation(inference: Inference) -> list[str]:
         return head + [NOT_VALIDATED[0].upper() + NOT_VALIDATED[1:] + "."]
     rows = [[c, fmt(e.get("auc")) + ci(e.get("auc_ci")), fmt(e.get("n")), fmt(e.get("n_pos")),
              "yes" if e.get("reads") else f"no: {e.get('reason')}"] for c, e in record.get("classes", {}).items()]
+    labels = (" The validation split had no CheX5 labels: they were read from each report by medclr's rule "
+              "labeller (`medclr label`), so these AUCs measure agreement with the reports' words, not with a "
+              "radiologist's reading of the image." if record.get("labels") == "rules" else "")
     return head + [f"From `checkpoint_meta.json` (split `{record.get('split')}`, the default prompts): the findings the "
                    f"model reads (AUC at least {record.get('min_auc')} and the CI above chance). medclr's app and scorer "
-                   "show a calibrated probability only for these.", "",
+                   f"show a calibrated probability only for these.{labels}", "",
                    *table(["finding", "AUC [95 % CI]", "images", "positives", "read"], rows)]
 
 

@@ -13,16 +13,21 @@ import numpy as np
 import torch
 
 from medclr.export.graphs import Format, Graph, write_graph_export
+from medclr.hub import quiet_transformers
 from medclr.inference import Inference
 
 
 @contextmanager
 def _quiet_jit() -> Iterator[None]:
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_transformers():
         # the tracer warns at every Python-level shape check (the parity check on another batch is what tells
         # whether a shape was frozen), and torch >= 2.9 marks TorchScript deprecated (docs/export.md, limitations)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=r".*torch\.jit.*deprecated", category=FutureWarning)
+        # tracing reads every attribute of the text model: transformers then warns of its own deprecated
+        # properties (`is_gradient_checkpointing`) and logs that the config's loss_type=None is unknown; neither
+        # is about the export (quiet_transformers holds its log lines)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
         yield
 
 

@@ -355,16 +355,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _embed_images(engine, paths: list[str], batch_size: int, workers: int, progress: bool,
+def _embed_images(engine, paths: list[str], batch_size: int, workers: int, progress: bool | str,
                   cells: _CellSink | None = None):
     vecs = np.zeros((len(paths), engine.joint_dim), np.float32)
     ok = np.zeros(len(paths), bool)
     errors: list[tuple[str, str]] = []
     loader = engine.image_batches(paths, batch_size, workers)  # the engine decodes files its own way
-    if progress:
-        from tqdm import tqdm
+    from medclr.progress import progress_bar
 
-        loader = tqdm(loader, total=len(loader), desc="embedding images", unit="batch")
+    loader = progress_bar(loader, total=len(loader), desc="embedding images", unit="batch", enabled=progress)
     for batch in loader:
         good = batch["ok"]
         for j in np.flatnonzero(~good.numpy()):

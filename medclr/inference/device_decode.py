@@ -134,7 +134,7 @@ def finish_on_device(raws: list[dict[str, Any]], pre: Preprocess, device: torch.
         for k, (lo, hi) in zip(decoded, extremes):
             problem = image_problem(np.array([[lo, hi]], np.float32), tuple(images[k].shape[-2:]))
             if problem:
-                images[k] = f"image: {problem}; nothing was scored"
+                images[k] = f"{raws[k].get('path') or 'image'}: {problem}; nothing was scored"
     return [x if isinstance(x, str) else resize_crop(x, pre) for x in images]
 
 

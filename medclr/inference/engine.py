@@ -54,6 +54,11 @@ class EncodedImage:
     image: np.ndarray  # the original H x W float32 in [0, 1]
 
 
+def _source(image) -> str | None:
+    """The file an image came from, for a refusal to name (None for an array: the app hands the engine arrays)."""
+    return None if isinstance(image, np.ndarray) else str(image)
+
+
 def _prompt_key(prompts: PromptSet) -> str:
     return json.dumps(prompts, sort_keys=True)
 
@@ -114,7 +119,7 @@ class Inference:
         return read_image(image, max_pixels=max_pixels)
 
     def prepare(self, image: str | os.PathLike | np.ndarray) -> tuple[torch.Tensor, CropGeometry]:
-        return preprocess_image(self.load(image), self.preprocess)
+        return preprocess_image(self.load(image), self.preprocess, source=_source(image))
 
     @torch.inference_mode()
     def image_features(self, batch: torch.Tensor) -> ImageFeatures:
@@ -125,7 +130,7 @@ class Inference:
         if isinstance(image, EncodedImage):
             return image
         arr = self.load(image)
-        tensor, geo = preprocess_image(arr, self.preprocess)
+        tensor, geo = preprocess_image(arr, self.preprocess, source=_source(image))
         return EncodedImage(self.image_features(tensor[None]), geo, arr)
 
     def image_batches(self, paths: Sequence[str | os.PathLike], batch_size: int = 16, num_workers: int = 0

@@ -54,8 +54,10 @@ class Preprocess:
         return int(self.resize or self.image_size)
 
 
-def preprocess_image(image: np.ndarray, pre: Preprocess = Preprocess()) -> tuple[torch.Tensor, CropGeometry]:
-    """H x W float image in [0, 1] -> (1 x C x C float32 tensor, its crop geometry).
+def preprocess_image(image: np.ndarray, pre: Preprocess = Preprocess(), *, source: str | os.PathLike | None = None
+                     ) -> tuple[torch.Tensor, CropGeometry]:
+    """H x W float image in [0, 1] -> (1 x C x C float32 tensor, its crop geometry); ``source``: the file it was
+    read from, which a refusal (too small, blank) names.
 
     The deterministic view of training (``training/data.py``), both through :mod:`medclr.geometry`: shorter
     side resized to R (longer side round(long * R / short)), area averaging when shrinking and bilinear
@@ -63,19 +65,20 @@ def preprocess_image(image: np.ndarray, pre: Preprocess = Preprocess()) -> tuple
     image as uint8; that quantisation (< 1/255) is not repeated here."""
     arr = np.asarray(image, dtype=np.float32)
     if arr.ndim != 2 or min(arr.shape) < 1:
-        raise MedclrError(f"image: expected a 2-D grey array, got shape {arr.shape}")
-    return preprocess_decoded(DecodedImage.full(arr), pre)
+        raise MedclrError(f"{source or 'image'}: expected a 2-D grey array, got shape {arr.shape}")
+    return preprocess_decoded(DecodedImage.full(arr), pre, source)
 
 
-def preprocess_decoded(image: DecodedImage, pre: Preprocess) -> tuple[torch.Tensor, CropGeometry]:
+def preprocess_decoded(image: DecodedImage, pre: Preprocess, source: str | os.PathLike | None = None
+                       ) -> tuple[torch.Tensor, CropGeometry]:
     """:func:`preprocess_image` of a :class:`~medclr.io.DecodedImage`. One decoded at a reduced size
     (``medclr.io.read_image_reduced``) is carried onto the same resized grid by box averaging over its
     pixels' footprints (``DecodedImage.resample``) instead of area-resizing the full image: the crop and its
     geometry are the original image's; the values agree with the full decode's within the tolerance that
     ``tests/test_reduced_decode.py`` measures."""
     problem = image_problem(image.pixels, (image.height, image.width))
-    if problem:
-        raise MedclrError(f"image: {problem}; nothing was scored")
+    if problem:  # named by its file where there is one (the app passes none: a file name may be a patient's)
+        raise MedclrError(f"{source or 'image'}: {problem}; nothing was scored")
     r, c = pre.resize_to, int(pre.image_size)
     if image.scale == 1:
         tensor = resize_crop(torch.from_numpy(np.ascontiguousarray(image.pixels))[None], pre)
@@ -129,7 +132,7 @@ class ImageFiles(torch.utils.data.Dataset):
                     "caution": caution, "fields": image.fields, "raw": None}
             if not isinstance(image, DecodedImage):
                 return {**item, "tensor": self._placeholder(), "raw": raw_item(image, self.paths[i])}
-            tensor, geo = preprocess_decoded(image, self.pre)
+            tensor, geo = preprocess_decoded(image, self.pre, self.paths[i])
             if self.uint8 and image.bits <= 8:
                 tensor = tensor.mul_(255.0).round_().to(torch.uint8)
             return {**item, "tensor": tensor, "height": geo.height, "width": geo.width}

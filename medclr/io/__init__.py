@@ -111,4 +111,4 @@ def read_radiograph(path: str | Path, max_pixels: int = MAX_PIXELS) -> tuple[np.
 def _raster_header(path: Path, height: int, width: int) -> dict:
     return {"format": path.suffix.lower().lstrip(".") or "raster", "modality": "", "view": "", "rows": int(height),
             "columns": int(width), "pixel_spacing_mm": None, "photometric": "", "bits_stored": 0, "frames": 1,
-            "transfer_syntax": "", "body_part": "", "caution": ""}
+            "transfer_syntax": "", "body_part": "", "caution": "", "blanked": []}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 import numpy as np
 from PIL import Image
@@ -34,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         raise MedclrError(f"{args.image}: {problem}")
     header.update({"decoded_shape": list(image.shape), "mean_intensity": round(float(image.mean()), 4)})
+    if header["blanked"]:  # a damaged or crafted header: its value is never printed (medclr.io.codes)
+        logging.getLogger(__name__).warning(
+            "inspect: %s: the header's value is not a DICOM code string or UID; shown as \"\"",
+            ", ".join(header["blanked"]))
     print(json.dumps(header, indent=2))
     if args.png:
         Image.fromarray(np.round(image * 255).astype(np.uint8)).save(args.png)

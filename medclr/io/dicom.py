@@ -11,7 +11,9 @@ Lossless and JPEG-LS, imagecodecs (``medclr.io.jpeg12``, when installed) for 12-
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
+import threading
 import warnings
 from io import BytesIO
 from pathlib import Path
@@ -25,6 +27,7 @@ from pydicom.pixels import apply_modality_lut, apply_voi_lut, get_decoder, pixel
 
 from medclr.errors import ImageReadError
 from medclr.io import jpeg12
+from medclr.io.codes import code_string, left_blank, uid_string
 from medclr.io.device import Jpeg2000Frame, StoredImage
 from medclr.io.limits import MAX_PIXELS, check_size
 from medclr.io.raster import luminance
@@ -57,15 +60,48 @@ def is_dicom(path: str | Path) -> bool:
         return False
 
 
+# pydicom says two things in two lines each (a log record and a UserWarning) that medclr says itself, in one:
+# * a file that ends inside an element of undefined length (encapsulated pixel data, a sequence) is truncated:
+#   "End of file reached before delimiter ... found in file <path>", and the elements before the cut are returned;
+#   ``_open`` reports the file as unreadable in one line (the record is noted, per thread, for it);
+# * a header value outside its VR's alphabet: "Invalid value for VR CS: '<the value>'" (or "The value length ...
+#   exceeds ..."), which echoes a damaged or crafted value into the log; medclr writes such a value as ""
+#   (``medclr.io.codes``) and says which fields it left blank.
+_TRUNCATED = "End of file reached before delimiter"
+_HELD_BACK = re.compile(rf"{_TRUNCATED}|Invalid value for VR|The value length \(\d+\) exceeds the maximum length")
+_cut = threading.local()
+
+
+def held_back(message: str) -> bool:
+    """Whether a pydicom message is one that medclr reports itself (and so never passes on)."""
+    return bool(_HELD_BACK.match(str(message)))
+
+
+class _HeldBack(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(_TRUNCATED):
+            _cut.seen = True
+        return not held_back(record.msg)
+
+
+logging.getLogger("pydicom").addFilter(_HeldBack())
+warnings.filterwarnings("ignore", message=_HELD_BACK.pattern, category=UserWarning, module=r"pydicom")
+
+
 def _open(path: Path, stop_before_pixels: bool) -> pydicom.Dataset:
+    _cut.seen = False
     try:
-        return pydicom.dcmread(path, stop_before_pixels=stop_before_pixels)
+        ds = pydicom.dcmread(path, stop_before_pixels=stop_before_pixels)
     except InvalidDicomError:
         raise ImageReadError(f"{path}: not a DICOM file (no DICM preamble)") from None
     except FileNotFoundError:
         raise ImageReadError(f"{path}: file not found") from None
     except Exception as exc:  # pydicom raises many types on damaged headers
         raise ImageReadError(f"{path}: unreadable DICOM header ({type(exc).__name__}: {exc})") from None
+    if _cut.seen:
+        raise ImageReadError(f"{path}: truncated DICOM file (it ends inside its pixel data or a sequence: an "
+                             "incomplete copy or download)")
+    return ds
 
 
 def _spacing(ds: pydicom.Dataset) -> list[float] | None:
@@ -79,7 +115,7 @@ def _spacing(ds: pydicom.Dataset) -> list[float] | None:
 
 
 def _view(ds: pydicom.Dataset) -> str:
-    view = str(ds.get("ViewPosition", "") or "").strip().upper()
+    view = code_string(ds.get("ViewPosition"))
     if not view and ds.get("ViewCodeSequence"):
         meaning = str(ds.ViewCodeSequence[0].get("CodeMeaning", "")).lower()
         view = {"postero-anterior": "PA", "antero-posterior": "AP", "lateral": "LATERAL"}.get(meaning, "")
@@ -97,29 +133,50 @@ def read_dicom_header(path: str | Path) -> dict:
 ARCHIVE_FIELDS = ("view", "study_uid", "series_uid", "sop_uid")
 
 
-def archive_fields(ds: pydicom.Dataset) -> dict[str, str]:
-    """:data:`ARCHIVE_FIELDS` of a dataset already read ("" where absent)."""
-    uid = {key: str(ds.get(tag, "") or "").strip() for key, tag in
-           (("study_uid", "StudyInstanceUID"), ("series_uid", "SeriesInstanceUID"), ("sop_uid", "SOPInstanceUID"))}
-    return {"view": _view(ds), **uid}
+_ARCHIVE_UIDS = (("study_uid", "StudyInstanceUID"), ("series_uid", "SeriesInstanceUID"),
+                 ("sop_uid", "SOPInstanceUID"))
+
+
+def archive_fields(ds: pydicom.Dataset) -> dict:
+    """:data:`ARCHIVE_FIELDS` of a dataset already read ("" where absent, or where the header's value is not in its
+    VR's alphabet: ``medclr.io.codes``), and ``blanked``: the names of the fields left blank for that reason."""
+    fields = {"view": _view(ds), **{key: uid_string(ds.get(tag)) for key, tag in _ARCHIVE_UIDS}}
+    raw = {"view": ds.get("ViewPosition"), **{key: ds.get(tag) for key, tag in _ARCHIVE_UIDS}}
+    return {**fields, "blanked": [k for k in ARCHIVE_FIELDS if left_blank(raw[k], fields[k])]}
+
+
+# The header's string fields that :func:`header_of` writes, each with its keyword and reduction (``medclr.io.codes``)
+_HEADER_STRINGS = (("modality", "Modality", code_string), ("photometric", "PhotometricInterpretation", code_string),
+                   ("body_part", "BodyPartExamined", code_string))
 
 
 def header_of(path: Path, ds: pydicom.Dataset) -> dict:
-    """:func:`read_dicom_header`'s fields from a dataset already read."""
+    """:func:`read_dicom_header`'s fields from a dataset already read. Its strings are reduced to their VR's
+    alphabet (``medclr.io.codes``); ``blanked`` names those that were there but not written."""
+    strings = {key: reduce(ds.get(keyword)) for key, keyword, reduce in _HEADER_STRINGS}
+    syntax = getattr(ds, "file_meta", {}).get("TransferSyntaxUID")
     header = {
         "format": "dicom",
-        "modality": str(ds.get("Modality", "") or ""),
+        "modality": strings["modality"],
         "view": _view(ds),
         "rows": int(ds.get("Rows", 0) or 0),
         "columns": int(ds.get("Columns", 0) or 0),
         "pixel_spacing_mm": _spacing(ds),
-        "photometric": str(ds.get("PhotometricInterpretation", "") or ""),
+        "photometric": strings["photometric"],
         "bits_stored": int(ds.get("BitsStored", 0) or 0),
         "frames": _frames(path, ds),
-        "transfer_syntax": str(getattr(ds, "file_meta", {}).get("TransferSyntaxUID", "")),
-        "body_part": str(ds.get("BodyPartExamined", "") or ""),
+        "transfer_syntax": uid_string(syntax),
+        "body_part": strings["body_part"],
     }
-    header["caution"] = caution(header["modality"], header["body_part"], header["photometric"])
+    # the caution reads the raw values (it quotes only a code string, else says "a non-standard value")
+    header["caution"] = caution(*(str(ds.get(keyword) or "") for keyword in
+                                  ("Modality", "BodyPartExamined", "PhotometricInterpretation")))
+    blanked = [key for key, keyword, _ in _HEADER_STRINGS if left_blank(ds.get(keyword), strings[key])]
+    if left_blank(ds.get("ViewPosition"), code_string(ds.get("ViewPosition"))):
+        blanked.append("view")
+    if left_blank(syntax, header["transfer_syntax"]):
+        blanked.append("transfer_syntax")
+    header["blanked"] = blanked
     return header
 
 
@@ -127,7 +184,6 @@ def header_of(path: Path, ds: pydicom.Dataset) -> dict:
 # panoramic) and the body parts a chest model reads; anything else is read but flagged.
 RADIOGRAPHS = {"CR", "DX", "DR", "RG", "PX"}
 CHEST_PARTS = {"CHEST", "THORAX", "LUNG", "LUNGS", "RIBS", "HEART", "TORSO", "BREAST_CHEST"}
-_CODE_STRING = re.compile(r"[A-Z0-9_ ]{1,16}")
 
 
 def caution(modality: str, body_part: str, photometric: str = "") -> str:
@@ -135,11 +191,11 @@ def caution(modality: str, body_part: str, photometric: str = "") -> str:
 
     Modalities that are never radiographs are refused by ``read_dicom_with_caution``; OT (secondary capture) and
     unknown ones are read, since scanned films and exports use them, but the reader should know.
-    Header values are quoted only when they are plain DICOM code strings (nothing a page could render).
+    Header values are quoted only when they are plain DICOM code strings (``medclr.io.codes``: nothing a page
+    could render).
     """
     def code(value: str) -> str:
-        v = value.strip().upper()
-        return v if _CODE_STRING.fullmatch(v) else "a non-standard value"
+        return code_string(value) or "a non-standard value"
 
     notes = []
     if modality.strip().upper() not in RADIOGRAPHS:
@@ -268,7 +324,7 @@ def _checked(path: Path, max_pixels: int) -> tuple[pydicom.Dataset, str]:
     ds = _open(path, stop_before_pixels=False)
     note = caution(str(ds.get("Modality", "") or ""), str(ds.get("BodyPartExamined", "") or ""),
                    str(ds.get("PhotometricInterpretation", "") or ""))
-    modality = str(ds.get("Modality", "") or "").strip().upper()
+    modality = code_string(ds.get("Modality"))
     if modality in NOT_RADIOGRAPHS:
         raise ImageReadError(f"{path}: modality {modality} ({NOT_RADIOGRAPHS[modality]}) is not a chest radiograph")
     if "PixelData" not in ds and "FloatPixelData" not in ds:

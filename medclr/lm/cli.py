@@ -146,10 +146,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="rows whose pairs the fit uses: a split name or 'all' (default train)")
     g = p.add_argument_group("how training draws pairs (the fit's weights; give the values of the training "
                              "config's data.* keys of the same names when it does not draw uniformly)")
-    g.add_argument("--sentence-sampling", choices=("uniform", "findings"), default="uniform")
-    g.add_argument("--other-sentence-weight", type=float, default=0.1)
-    g.add_argument("--study-sampling", choices=("uniform", "findings"), default="uniform")
-    g.add_argument("--study-balance", type=float, default=0.5)
+    g.add_argument("--sentence-sampling", choices=("uniform", "findings"), default="uniform",
+                   help="data.sentence_sampling: which sentence of a report a step draws (default uniform)")
+    g.add_argument("--other-sentence-weight", type=float, default=0.1,
+                   help="data.other_sentence_weight: the weight of a sentence stating no finding under findings "
+                        "(default 0.1)")
+    g.add_argument("--study-sampling", choices=("uniform", "findings"), default="uniform",
+                   help="data.study_sampling: which reports a batch holds (default uniform)")
+    g.add_argument("--study-balance", type=float, default=0.5,
+                   help="data.study_balance: 0 = uniform, 1 = every finding group drawn equally often (default 0.5)")
     p.add_argument("--a", "--eta-a", dest="a", type=float, default=None,
                    help="eta scale a; with --k, overrides --eta-fit (paper: 0.2)")
     p.add_argument("--k", "--eta-k", dest="k", type=float, default=None,
@@ -203,10 +208,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("how training draws pairs, for q and rho_sent (default: what the eta table was "
                              "calibrated for; any of these flags: the training config's data.* keys of the same "
                              "names, the others at their defaults)")
-    g.add_argument("--sentence-sampling", choices=("uniform", "findings"), default=None)
-    g.add_argument("--other-sentence-weight", type=float, default=None)
-    g.add_argument("--study-sampling", choices=("uniform", "findings"), default=None)
-    g.add_argument("--study-balance", type=float, default=None)
+    g.add_argument("--sentence-sampling", choices=("uniform", "findings"), default=None,
+                   help="data.sentence_sampling: which sentence of a report a step draws (default the eta table's)")
+    g.add_argument("--other-sentence-weight", type=float, default=None,
+                   help="data.other_sentence_weight: the weight of a sentence stating no finding under findings "
+                        "(default the eta table's)")
+    g.add_argument("--study-sampling", choices=("uniform", "findings"), default=None,
+                   help="data.study_sampling: which reports a batch holds (default the eta table's)")
+    g.add_argument("--study-balance", type=float, default=None,
+                   help="data.study_balance: 0 = uniform, 1 = every finding group drawn equally often (default the eta table's)")
     p.set_defaults(run=run_calibrate)
 
     p = sub.add_parser("report", help="PLL distribution and PLL against sentence frequency (plot + json)",
@@ -319,9 +329,6 @@ def run_report(args: argparse.Namespace) -> int:
 
 def _progress(args: argparse.Namespace) -> bool:
     """Bars when stderr is a terminal and --no-progress is not given; without ours, none of the libraries' either."""
-    from medclr.progress import show_progress, silence_library_bars
+    from medclr.progress import progress_wanted
 
-    show = not args.no_progress and show_progress()
-    if not show:
-        silence_library_bars()
-    return show
+    return progress_wanted(args)

@@ -271,11 +271,12 @@ class TrainResult:
 
 
 def train_steps(model, opt, corpus: TokenizedCorpus, cfg: FitConfig, total_steps: int, *,
-                budget_s: float = math.inf, progress: bool = False) -> TrainResult:
+                budget_s: float = math.inf, progress: bool | str = False) -> TrainResult:
     """Train ``total_steps`` steps, or fewer when ``budget_s`` seconds run out (the LR schedule follows
     whichever is further along). Batches are slices of ``corpus``'s tensors, masked on its device."""
     import torch
-    from tqdm.auto import tqdm
+
+    from medclr.progress import progress_bar
 
     device = corpus.ids.device
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -283,7 +284,7 @@ def train_steps(model, opt, corpus: TokenizedCorpus, cfg: FitConfig, total_steps
     params = list(model.parameters())
     model.train()
     step, losses, stopped_by, progress_frac = 0, [], "epochs", 0.0
-    bar = tqdm(total=total_steps, unit="step", desc="lm fit", disable=not progress, mininterval=1.0)
+    bar = progress_bar(total=total_steps, unit="step", desc="lm fit", enabled=progress)
     t0 = time.monotonic()
     while progress_frac < 1.0:
         batches = _batches(corpus.lengths, cfg.batch_size, rng)
@@ -365,7 +366,7 @@ def fit_lm(
     *,
     val_sentences: Sequence[str] = (),
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | str = "auto",
 ) -> FitReport:
     """Train the tokenizer and the masked LM on ``sentences`` and save both to ``out_dir``."""
     import torch

@@ -186,12 +186,13 @@ def score_sentences(
     max_length: int | None = None,
     max_batch_tokens: int = 32768,
     device=None,
-    progress: bool = True,
+    progress: bool | str = "auto",
     max_pieces: int = MAX_PIECES,
 ) -> PLLResult:
     """PLL of each sentence with token counts; see :func:`pseudo_log_likelihood`."""
     import torch
-    from tqdm.auto import tqdm
+
+    from medclr.progress import progress_bar
 
     sentences = _check(sentences, model, tokenizer, long)
     if batch_size < 1 or max_batch_tokens < 1 or max_pieces < 1:
@@ -233,7 +234,7 @@ def score_sentences(
     n_tok = np.zeros(len(uniq), dtype=np.int64)
     n_sc = np.zeros(len(uniq), dtype=np.int64)
     is_long = np.zeros(len(uniq), dtype=bool)
-    bar = tqdm(total=len(sentences), unit="sent", desc="PLL", disable=not progress, mininterval=1.0)
+    bar = progress_bar(total=len(sentences), unit="sent", desc="PLL", enabled=progress)
     try:
         with torch.inference_mode():
             for c0 in range(0, len(uniq), batch_size):
@@ -327,7 +328,7 @@ def pseudo_log_likelihood(
     max_length: int | None = None,
     max_batch_tokens: int = 32768,
     device=None,
-    progress: bool = True,
+    progress: bool | str = "auto",
 ) -> np.ndarray:
     """Exact pseudo-log-likelihood of each sentence (float64 array, one value per sentence, <= 0).
 

@@ -96,7 +96,7 @@ def score_manifest(
     block: int = 512,
     max_pieces: int = MAX_PIECES,
     device=None,
-    progress: bool = True,
+    progress: bool | str = "auto",
 ) -> dict:
     """Score every distinct sentence of ``manifest`` not yet in ``out`` and (re)write the table there.
 
@@ -171,10 +171,10 @@ def score_manifest(
                                     "eta_params": params})
         return full, n_clip, params
 
-    from tqdm.auto import tqdm
+    from medclr.progress import progress_bar
 
     last_save = time.monotonic()
-    with tqdm(total=len(todo), unit="sent", desc="PLL", disable=not progress, mininterval=1.0) as bar:
+    with progress_bar(total=len(todo), unit="sent", desc="PLL", enabled=progress) as bar:
         for b0 in range(0, len(todo), max(1, block)):
             rows = todo[b0 : b0 + block]
             res = score_sentences(known["sentence"].to_numpy()[rows].tolist(), model, tokenizer, batch_size,

@@ -8,6 +8,7 @@ import os
 
 from medclr.errors import MedclrError
 from medclr.phantom.vocab import EVAL_PER_CLASS, VAL_PER_CLASS
+from medclr.progress import NO_PROGRESS_HELP, progress_wanted
 
 HELP = "generate a CXR-Phantom image-report data set with ground truth"  # what `medclr --help` shows
 
@@ -86,7 +87,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              f"zero-shot score (default {VAL_PER_CLASS}; 0 = none)")
     parser.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95, as MIMIC-CXR-JPG)")
     parser.add_argument("--overwrite", action="store_true", help="replace a phantom data set already in --out")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true", help=NO_PROGRESS_HELP)
     parser.set_defaults(run=run)
 
 
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         raise MedclrError(f"--quality {args.quality}: expected 1..100")
     summary = generate(args.out, args.n, seed=args.seed, source=args.source, size=args.size, dicom=args.dicom,
                        workers=args.workers, fractions=args.split, quality=args.quality, overwrite=args.overwrite,
-                       progress=not args.quiet, eval_per_class=args.eval_per_class,
+                       progress=progress_wanted(args), eval_per_class=args.eval_per_class,
                        val_per_class=args.val_per_class)
     logging.getLogger(__name__).info(
         "wrote %d studies (%s) to %s: %d latent classes, %d MS-CXR boxes in the test split",

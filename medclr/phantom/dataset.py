@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm.auto import tqdm
 
 from medclr import __version__
 from medclr.errors import MedclrError
@@ -33,6 +32,7 @@ from medclr.phantom import reports as R, vocab as V, writer as W
 from medclr.phantom.material import load_material
 from medclr.phantom.plan import CHEX5_TARGETS, SOURCES, class_model_prob, eval_targets, plan_eval_study, plan_study
 from medclr.phantom.renderer import render
+from medclr.progress import progress_bar
 
 log = logging.getLogger(__name__)
 MAX_SIZE = 1024
@@ -191,7 +191,7 @@ def _pool(workers: int, ctx: dict):
 
 def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, dicom: bool = False,
              workers: int | None = None, fractions: tuple[float, float] = (0.9, 0.1), quality: int = 95,
-             overwrite: bool = False, progress: bool = True, eval_per_class: int = V.EVAL_PER_CLASS,
+             overwrite: bool = False, progress: bool | str = "auto", eval_per_class: int = V.EVAL_PER_CLASS,
              val_per_class: int = V.VAL_PER_CLASS) -> dict:
     """Write a phantom data set to ``out``; returns the summary also saved as phantom.json.
 
@@ -231,8 +231,8 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
 
     try:
         chunk = max(1, min(256, n // (8 * workers) or 1))
-        classes = list(tqdm(run(_plan_class, range(n), chunk), total=n, desc="plan", unit="study",
-                            disable=not progress, leave=False))
+        classes = list(progress_bar(run(_plan_class, range(n), chunk), total=n, desc="plan", unit="study",
+                                    enabled=progress, leave=False))
         targets = eval_targets(int(eval_per_class))
         eval_keys = list(enumerate(targets)) + [
             (j, t, "validate") for j, t in enumerate(t for t in CHEX5_TARGETS for _ in range(int(val_per_class)))]
@@ -253,7 +253,7 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
         tally = _Tally()
         try:
             results = run(_study, tasks, max(1, min(16, chunk)))
-            for row in tqdm(results, total=len(keys), desc="phantom", unit="study", disable=not progress):
+            for row in progress_bar(results, total=len(keys), desc="phantom", unit="study", enabled=progress):
                 writer.add(row)
                 tally.add(row)
         finally:

@@ -11,13 +11,14 @@ import os
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from medclr.data.labels import CHEXPERT_LABELS
 from medclr.data.manifest import normalise
 from medclr.data.readers.common import text_fields
 from medclr.data.readers.tables import read_csv_checked
 from medclr.errors import MedclrError
+from medclr.io.codes import code_string, left_blank
+from medclr.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,10 @@ def read_mimic_cxr_jpg(
     image_ext: str = "jpg",
     drop_empty: bool = False,
     check_images: bool = True,
+    progress: bool | str = "auto",
 ) -> pd.DataFrame:
-    """Read a MIMIC-CXR-JPG root into a manifest (``views=None`` keeps every view)."""
+    """Read a MIMIC-CXR-JPG root into a manifest (``views=None`` keeps every view; ``progress``: the reports'
+    bar, ``medclr.progress``)."""
     root = Path(root)
     if not (root / "files").is_dir():
         raise MedclrError(f"{root}: not a MIMIC-CXR-JPG root (no files/ folder)")
@@ -87,7 +90,13 @@ def read_mimic_cxr_jpg(
     df = meta.merge(split[["dicom_id", "split"]], on="dicom_id", how="left")
     df["split"] = df["split"].fillna("train")
     df = df.merge(labels, on=["subject_id", "study_id"], how="left")
-    df["view"] = df["ViewPosition"].fillna("").str.upper()
+    # the DICOM header's ViewPosition, as medclr writes header strings anywhere (medclr.io.codes)
+    raw_view = df["ViewPosition"].fillna("")
+    df["view"] = raw_view.map(code_string)
+    blanked = int(sum(left_blank(r, v) for r, v in zip(raw_view, df["view"])))
+    if blanked:
+        log.warning("%s: %d ViewPosition value(s) in the metadata are not DICOM code strings; their view is left "
+                    "blank", root, blanked)
     if views is not None:
         df = df[df["view"].isin([v.upper() for v in views])]
     df["image_path"] = [f"{study_dir(s, t)}/{d}.{image_ext}" for s, t, d in zip(df.subject_id, df.study_id, df.dicom_id)]
@@ -98,7 +107,8 @@ def read_mimic_cxr_jpg(
             log.warning("%s: %d of %d images listed in the metadata are missing; skipped", root, missing, len(exists))
         df = df[exists]
     texts: dict[tuple[str, str], dict | None] = {}
-    for subject, study in tqdm(sorted(set(zip(df.subject_id, df.study_id))), desc="reports", unit="study", leave=False):
+    for subject, study in progress_bar(sorted(set(zip(df.subject_id, df.study_id))), desc="reports", unit="study",
+                                       leave=False, enabled=progress):
         texts[(subject, study)] = read_report(reports_root / f"{study_dir(subject, study)}.txt", drop_empty)
     keep = [texts[(s, t)] is not None for s, t in zip(df.subject_id, df.study_id)]
     df = df[keep].copy()
