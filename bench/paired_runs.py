@@ -19,7 +19,7 @@ from pathlib import Path
 
 from medclr.evaluation.seeds import paired_difference
 
-# The rows docs/training.md quotes (the rest stay in the JSON lines).
+# The rows docs/experiments/2026-11-23-negation-aware-text.md quotes (the rest stay in the JSON lines).
 HEADLINE = ("summary.AUC", "summary.CNR", "summary.mIoU", "summary.Recall", "summary.MedR",
             *(f"zeroshot.per_class.{c}.AUC" for c in
               ("Cardiomegaly", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax")))

@@ -7,7 +7,7 @@
 #   bench/recipe_seeds.sh recipe 2500 data.sentence_sampling=findings model.lse_gamma=20 hard_negatives.weight=1
 #   python bench/paired_runs.py $WORK/recipe_eval/metrics.json $WORK/base_eval/metrics.json
 #
-# docs/training.md "Negation-aware text" reports these arms at 1,000 and 2,500 steps on one H100.
+# docs/experiments/2026-11-23-negation-aware-text.md reports these arms at 1,000 and 2,500 steps on one H100.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=$1; steps=$2; shift 2

@@ -3,8 +3,9 @@ real chest CR of pydicom-data (RG1: MONOCHROME1, 15 bits, its own window; 1955 x
 (lossless and lossy), as a JPEG file and as an 8-bit JPEG DICOM made from it here.
 
 Tolerance of the model input (1 x C x C in [0, 1]; ImageNet normalisation multiplies by ~4.4): mean |d|
-<= 0.003, 99th percentile <= 0.015, max <= 0.06. Measured on RG1 (docs/scoring.md): mean 0.0020 / p99 0.011
-/ max 0.055 at 224 px (scale 8), 0.0010 / 0.005 / 0.020 at 512 -> 480 (scale 2). The two paths shrink
+<= 0.003, 99th percentile <= 0.015, max <= 0.06. Measured on RG1
+(docs/experiments/2026-11-23-reduced-decode-fidelity.md): mean 0.0020 / p99 0.011 / max 0.055 at 224 px
+(scale 8), 0.0010 / 0.005 / 0.020 at 512 -> 480 (scale 2). The two paths shrink
 with different anti-aliasing kernels (a wavelet low-pass or a DCT block mean, then a box, versus torch's
 area resize); the difference sits on sharp edges (burnt-in labels, the collimator). For scale, on the same
 image: translating the radiograph by ONE original pixel changes the input by mean 0.0015-0.0020, p99

@@ -7,8 +7,8 @@ probability rho(c_x) of a text x from its language-model likelihood:
 
 with log p_LM(x) the pseudo-log-likelihood (paper: a = 0.2, k = 0.35, PLL
 summed over the word pieces, scored by CXR-BERT). Those a, k fit CXR-BERT's PLL
-scale only: ``medclr lm score`` (``medclr.lm.score``) fits eta to how often each sentence's meaning occurs
-in the corpus by default (label-free, ``medclr.lm.eta_fit``); given a, k override the fit.
+scale: on a small domain LM they give a small eta. ``medclr lm score`` (``medclr.lm.score``) writes the paper's
+eta by default; ``--eta-fit meaning`` writes medclr's own DCL-eta_rule (``medclr.lm.eta_fit``); given a, k win.
 
 * ``norm="sum"`` (default, the paper): log p = PLL. Longer sentences get a
   smaller eta; in reports a long sentence usually describes a specific, rarer

@@ -230,7 +230,8 @@ def check_eta_choice(method: str, a: float | None, k: float | None, eta_max: flo
 
 
 # Below this Spearman (the LM's log p of a meaning against how often the corpus states it) the fit is warned
-# about: the demo's LM reaches 0.5-0.6 (docs/lm.md section 5); a near-flat eta makes DCL-eta_LM a plain DCL.
+# about: the demo's LM reaches 0.5-0.6 (docs/experiments/2026-11-26-eta-rule-calibration.md); a near-flat eta makes
+# DCL-eta_rule a plain DCL.
 WEAK_FIT_SPEARMAN = 0.3
 
 
