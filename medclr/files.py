@@ -31,7 +31,19 @@ from pathlib import Path
 
 from medclr.errors import MedclrError
 
-__all__ = ["atomic_path", "check_free_space", "fsync_dir", "refuse_foreign", "stable_safetensors", "write_text"]
+__all__ = ["atomic_path", "check_free_space", "fsync_dir", "read_json_object", "refuse_foreign", "stable_safetensors",
+           "write_text"]
+
+
+def read_json_object(path: str | os.PathLike) -> dict:
+    """The JSON object in ``path``; one MedclrError line naming the file when it is unreadable or not an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise MedclrError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise MedclrError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from medclr.errors import MedclrError
-from medclr.files import write_text
+from medclr.files import read_json_object, write_text
 from medclr.inference.preprocess import DEFAULT_IMAGE_SIZE
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def read_metadata(directory: str | os.PathLike) -> CheckpointMeta:
     """The checkpoint's metadata, from ``checkpoint_meta.json`` or, for older checkpoints, migrated."""
     src = Path(directory).expanduser()
     path = src / METADATA_NAME
-    raw = _read_json(path) if path.is_file() else None
+    raw = read_json_object(path) if path.is_file() else None
     record, source = migrate(src, raw)
     _check(record, source, src)
     values = {k: v for k, v in record.items() if k != "format_version"}
@@ -161,16 +161,6 @@ def _check(record: Mapping[str, Any], source: Mapping[str, str], directory: Path
         if value is not None and not _fits(value, kinds):
             raise MedclrError(f"{directory / source.get(f.name, METADATA_NAME)}: field {f.name!r} is {value!r}, "
                               f"expected {' or '.join(k.__name__ for k in kinds)}")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MedclrError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
-    if not isinstance(data, dict):
-        raise MedclrError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 def _resolve(path: str, directory: Path) -> str:

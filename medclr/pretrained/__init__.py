@@ -21,14 +21,13 @@ the packer, which loads checkpoints, lives in ``medclr.export`` (no two parts im
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from medclr.errors import MedclrError
-from medclr.files import write_text
+from medclr.files import read_json_object, write_text
 
 ROOT_ENV = "MEDCLR_PRETRAINED_DIR"
 MODEL_JSON = "model.json"
@@ -149,14 +148,7 @@ def resolve(name_or_path: str | os.PathLike, where: str | os.PathLike | None = N
 
 
 def read_model_json(folder: str | os.PathLike) -> dict[str, Any]:
-    path = Path(folder) / MODEL_JSON
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MedclrError(f"{path}: unreadable ({type(exc).__name__})") from None
-    if not isinstance(data, dict):
-        raise MedclrError(f"{path}: expected a JSON object")
-    return data
+    return read_json_object(Path(folder) / MODEL_JSON)
 
 
 SUMMARY_FIELDS = ("description", "recipe", "preset", "seed", "loss", "steps", "total_steps", "dtype", "headline",
