@@ -325,15 +325,15 @@ def zeta_against_frequency(run: Path) -> dict:
     from safetensors.numpy import load_file
     from scipy.stats import spearmanr
 
-    from medclr.data.pairs import key_frequency, pair_probabilities
+    from medclr.data.pairs import pair_probabilities
     from medclr.data.text import sentence_hash
     from medclr.inference.checkpoint import TEXT_HASH_KEY, hash_to_int
-    from medclr.phantom.sentence_keys import sentence_key
     from medclr.training.data import load_table
 
     cfg = yaml.safe_load((run / "train_config.yaml").read_text())
     cfg["data"]["cache"] = "none"  # sentences only: no image is read
-    table = load_table(cfg, eta=False)
+    cfg["data"]["eta_max"], cfg["loss"]["eta_source"] = 1.0, "rho_sent"  # training's own rho_sent per text, uncapped
+    table = load_table(cfg)
     state = load_file(str(run / "loss_state.safetensors"))
     want = np.array([hash_to_int(sentence_hash(t)) for t in table.texts])
     if TEXT_HASH_KEY not in state or not np.array_equal(state[TEXT_HASH_KEY], want):
@@ -342,9 +342,8 @@ def zeta_against_frequency(run: Path) -> dict:
     pairs = pair_probabilities(table.sentences, sentence_sampling=d["sentence_sampling"],
                                other_weight=float(d["other_sentence_weight"]), study_sampling=d["study_sampling"],
                                study_balance=float(d["study_balance"]))
-    keys = [[sentence_key(s) for s in row] for row in table.sentences]
-    freq = {k: f for row_k, row_f in zip(keys, key_frequency(keys, pairs)) for k, f in zip(row_k, row_f)}
-    log_rho = np.array([np.log(freq.get(sentence_key(t), np.nan)) for t in table.texts])
+    with np.errstate(divide="ignore"):  # a short form whose key no pair states has rho 0: left out below
+        log_rho = np.log([table.text_eta[t] for t in table.texts])
     draw = np.zeros(len(table.texts))  # how often training draws each distinct text from the manifest: its visit rate
     for ids, p in zip(table.text_ids, pairs):
         np.add.at(draw, ids, p)
