@@ -216,6 +216,67 @@ def test_score_saves_as_it_goes_and_resumes_after_a_kill(tiny, tmp_path, monkeyp
     assert len(table) == 41 and table.set_index("sentence")["count"]["Effusion."] == 0
 
 
+def test_save_every_is_honoured_inside_one_long_block(tiny, tmp_path):
+    """`lm score --max-pieces 100000 --save-every 1` on 60 sentences of 790-910 pieces: one block (block=512), so
+    before issue 46 the table was first written when the whole block was done. The clock is now checked after
+    every forward pass: the real command, SIGKILLed while it still runs, has saved its table more than once, the
+    last save about --save-every before the kill; the resumed run scores only the rest, and the table equals that
+    of an uninterrupted run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from medclr.cli import main
+    from medclr.data.manifest import read_manifest
+    from medclr.lm.eta import read_eta_table
+    from medclr.lm.score import score_manifest
+
+    model, tok = tiny
+    model.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    words = " ".join(CORPUS).replace(".", "").lower().split()
+    rng = np.random.default_rng(0)
+    sentences = [" ".join(rng.choice(words, 300)) + "." for _ in range(60)]  # each over the 64-token window
+    m = _manifest(tmp_path / "m.parquet", [[x] for x in sentences])
+    out = tmp_path / "eta.parquet"
+    args = ["lm", "score", "--manifest", str(m), "--model", str(tmp_path / "lm"), "--out", str(out), "--no-progress",
+            "--device", "cpu", "--threads", "1", "--max-pieces", "100000", "--save-every", "1"]
+    proc = subprocess.Popen([sys.executable, "-m", "medclr", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []  # (mtime, rows) of each save observed
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline and len(seen) < 3:
+            if out.exists() and (not seen or out.stat().st_mtime_ns != seen[-1][0]):
+                seen.append((out.stat().st_mtime_ns, len(read_eta_table(out)[0])))
+            time.sleep(0.05)
+        assert proc.poll() is None, f"finished before three saves were seen ({seen}): {proc.stderr.read()[-2000:]}"
+        proc.send_signal(signal.SIGKILL)
+        killed_at = time.time_ns()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    saved, _ = read_eta_table(out)
+    assert 0 < seen[0][1] < seen[-1][1] <= len(saved) < 60 and saved["pll"].notna().all()
+    # the work a kill loses: what was scored since the last save (--save-every 1 plus a pass and a write; a busy
+    # shared machine gets a wide margin: before, it was everything since the start)
+    assert (killed_at - out.stat().st_mtime_ns) / 1e9 < 10
+    assert main(args) == 0  # resumed
+    resumed, _ = read_eta_table(out)
+    straight = tmp_path / "straight.parquet"
+    summary = score_manifest(read_manifest(m), model, tok, straight, max_pieces=100000, eta_fit="paper",
+                             progress=False, device="cpu")
+    assert summary["scored"] == 60
+    straight, _ = read_eta_table(straight)
+    a, b = (t.sort_values("sentence_hash").reset_index(drop=True) for t in (resumed, straight))
+    pd.testing.assert_frame_equal(a.drop(columns=["pll", "pll_per_token", "eta"]),
+                                  b.drop(columns=["pll", "pll_per_token", "eta"]))
+    assert (a["n_scored"] == a["n_tokens"]).all() and (a["n_tokens"] > 700).all()  # every piece scored
+    np.testing.assert_allclose(a[["pll", "pll_per_token", "eta"]], b[["pll", "pll_per_token", "eta"]], rtol=1e-9)
+
+
 @pytest.mark.parametrize("bad", [[""], ["ok.", "   "], "a string", [3], ["ok.", "\u200b"]])
 def test_bad_sentences(tiny, bad):
     model, tok = tiny

@@ -188,8 +188,15 @@ def score_sentences(
     device=None,
     progress: bool | str = "auto",
     max_pieces: int = MAX_PIECES,
+    on_scored=None,
 ) -> PLLResult:
-    """PLL of each sentence with token counts; see :func:`pseudo_log_likelihood`."""
+    """PLL of each sentence with token counts; see :func:`pseudo_log_likelihood`.
+
+    ``on_scored(idx, pll, n_tokens, n_scored)``, if given, is called after every forward pass with the input
+    positions of the sentences that pass finished (each position of a duplicate included) and their values, so a
+    caller can save finished work while a long call runs: one call can hold many passes (a sentence of
+    ``max_pieces`` windowed pieces alone takes ``max_pieces`` rows).
+    """
     import torch
 
     from medclr.progress import progress_bar
@@ -234,6 +241,8 @@ def score_sentences(
     n_tok = np.zeros(len(uniq), dtype=np.int64)
     n_sc = np.zeros(len(uniq), dtype=np.int64)
     is_long = np.zeros(len(uniq), dtype=bool)
+    # the input positions of each unique sentence, for on_scored
+    members = np.split(np.argsort(inverse, kind="stable"), np.cumsum(weight)[:-1])
     bar = progress_bar(total=len(sentences), unit="sent", desc="PLL", enabled=progress)
     try:
         with torch.inference_mode():
@@ -252,6 +261,7 @@ def score_sentences(
                 pos, tgt, owner = np.concatenate(pos), np.concatenate(tgt), np.concatenate(owner)
                 row_len = np.array([len(r) for r in rows])
                 ro = np.argsort(row_len, kind="stable")
+                left = np.bincount(owner, minlength=len(uniq))  # rows still to run, per sentence
                 start = 0
                 while start < len(ro):
                     stop = _pack(row_len[ro], start, max_batch_tokens)
@@ -265,7 +275,15 @@ def score_sentences(
                     lp = _forward(model, encoder, head, ids, att, pos[sel], tgt[sel], device)
                     np.add.at(pll, owner[sel], lp)
                     start = stop
-                bar.update(int(weight[chunk].sum()))
+                    touched = np.unique(owner[sel])
+                    np.subtract.at(left, owner[sel], 1)
+                    done = touched[left[touched] == 0]
+                    if done.size:
+                        bar.update(int(weight[done].sum()))
+                        if on_scored is not None:
+                            idx = np.concatenate([members[j] for j in done])
+                            j_of = inverse[idx]
+                            on_scored(idx, pll[j_of], n_tok[j_of], n_sc[j_of])
     finally:
         bar.close()
         model.train(was_training)

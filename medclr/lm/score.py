@@ -100,9 +100,10 @@ def score_manifest(
 ) -> dict:
     """Score every distinct sentence of ``manifest`` not yet in ``out`` and (re)write the table there.
 
-    Sentences are scored in blocks of ``block``; the table is rewritten once ``save_every_s`` seconds of
-    scoring have passed since the last write, so an interrupted run loses at most that much work and
-    resumes where it stopped. ``max_pieces`` bounds the work one sentence can cost
+    Sentences are scored in blocks of ``block``; after every forward pass, the table is rewritten with the
+    sentences finished so far once ``save_every_s`` seconds have passed since the last write, so an interrupted
+    run loses about that much work (plus the sentences the pass under way had begun) and resumes where it
+    stopped. ``max_pieces`` bounds the work one sentence can cost
     (``medclr.lm.pll.MAX_PIECES``). Returns a summary dict.
 
     ``out`` is an eta table from an earlier run (its PLLs are reused unless ``rescore``), or absent; any other
@@ -174,19 +175,29 @@ def score_manifest(
     from medclr.progress import progress_bar
 
     last_save = time.monotonic()
+    pending = len(todo)
     with progress_bar(total=len(todo), unit="sent", desc="PLL", enabled=progress) as bar:
         for b0 in range(0, len(todo), max(1, block)):
             rows = todo[b0 : b0 + block]
-            res = score_sentences(known["sentence"].to_numpy()[rows].tolist(), model, tokenizer, batch_size,
-                                  word_l2r=word_l2r, long=long, max_batch_tokens=max_batch_tokens, device=device,
-                                  progress=False, max_pieces=max_pieces)
-            known.loc[rows, "pll"] = res.pll
-            known.loc[rows, "n_tokens"] = res.n_tokens
-            known.loc[rows, "n_scored"] = res.n_scored
-            bar.update(len(rows))
-            if b0 + block < len(todo) and time.monotonic() - last_save >= save_every_s:
-                write(known)
-                last_save = time.monotonic()
+
+            def scored(idx, pll, n_tokens, n_scored, rows=rows):
+                # called after every forward pass, so the clock is checked inside a block too: a block of long
+                # sentences (a large --max-pieces) runs for minutes, and a kill must not lose more than
+                # save_every_s of finished sentences
+                nonlocal last_save, pending
+                r = rows[idx]
+                known.loc[r, "pll"] = pll
+                known.loc[r, "n_tokens"] = n_tokens
+                known.loc[r, "n_scored"] = n_scored
+                bar.update(len(r))
+                pending -= len(r)
+                if pending and time.monotonic() - last_save >= save_every_s:
+                    write(known)
+                    last_save = time.monotonic()
+
+            score_sentences(known["sentence"].to_numpy()[rows].tolist(), model, tokenizer, batch_size,
+                            word_l2r=word_l2r, long=long, max_batch_tokens=max_batch_tokens, device=device,
+                            progress=False, max_pieces=max_pieces, on_scored=scored)
     table, n_clip, params = write(known)
     fit = params["fit"]
     if "error" not in fit:
