@@ -100,12 +100,18 @@ def youden_threshold(margin: np.ndarray, label: np.ndarray) -> float:
 
 def finding_named(phrase: str, classes: Sequence[str]) -> str | None:
     """The one class of ``classes`` (CheX5 names) that ``phrase`` states ("small left pleural effusion" ->
-    "Pleural Effusion"), by medclr's report rules (``medclr.data.hard_negatives``); None when it states none,
-    several, or is negated or hedged."""
+    "Pleural Effusion", "enlarged heart" -> "Cardiomegaly"), by medclr's report rules: the hard negatives'
+    finding names (``medclr.data.hard_negatives``) and the rule labeller's further cues
+    (``medclr.data.labeller.mention``: 1 = stated); None when it states none, several, or is negated or hedged.
+
+    Both rule sets, because a phrase the labeller reads as a finding must be judged as that finding: "enlarged
+    heart" judged apart from Cardiomegaly's validated probability could be "not seen" beside a 94 % for it."""
     from medclr.data.hard_negatives import stated_findings
+    from medclr.data.labeller import CLASS_FINDING, mention
 
     lower = {c.lower(): c for c in classes}  # the rules' finding names are the CheX5 names in lower case
     named = {lower[f] for f in stated_findings([phrase]) if f in lower}
+    named |= {c for c in classes if c in CLASS_FINDING and mention(phrase, c) == 1.0}
     return next(iter(named)) if len(named) == 1 else None
 
 
@@ -145,6 +151,14 @@ def unread_reason(record: Mapping[str, Any] | None, name: str) -> str | None:
     if not entry.get("reads"):
         return entry.get("reason") or f"this model does not reliably read {name.lower()}"
     return None
+
+
+def operating_probability(record: Mapping[str, Any] | None, name: str) -> float | None:
+    """The operating point (``threshold``, a margin) of a finding the checkpoint reads, as the calibrated probability
+    readers show beside it; None for a finding it does not read."""
+    if unread_reason(record, name) is not None or record["classes"][name].get("threshold") is None:
+        return None
+    return float(probability(record, name, record["classes"][name]["threshold"])[0])
 
 
 def expected_calibration_error(prob: np.ndarray, label: np.ndarray, bins: int = 10) -> float:

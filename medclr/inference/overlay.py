@@ -17,6 +17,11 @@ ABS_LEVELS = (0.25, 0.5, 0.75)
 CONTOUR_COLOURS = ((255, 255, 255), (255, 215, 0), (0, 0, 0))
 
 
+def colour_lut() -> np.ndarray:
+    """256 x 3 float32 RGB of the map's colours (``RdBu_r``), low to high: what a colour bar draws."""
+    return _lut()
+
+
 def _lut() -> np.ndarray:
     global _LUT
     if _LUT is None:
