@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import html
 import logging
 import math
 import re
@@ -245,45 +244,56 @@ class AppService:
 
     # -- findings -------------------------------------------------------------------------------------
     def zero_shot(self, path: str | None) -> tuple[dict[str, float], list[list[Any]], str]:
-        """({class: probability} of the findings the model reads, rows [class, probability, validation AUC,
-        note, positive prompt, negative prompt], a Markdown notice of what is not shown and why).
+        """({class: probability} of the findings the model reads, rows [class, probability %, operating point %,
+        validation AUC, note, positive prompt, negative prompt], the notice: Markdown text, no HTML).
 
-        A finding the checkpoint does not read (``medclr.findings``) gets no probability: it is left out of
-        the labels and named, greyed out, with its one-sentence reason. A checkpoint that records no
-        validation is shown with its raw scores under a visible "not validated" notice."""
+        The notice says, per finding the model reads, whether its probability is at or above the finding's operating
+        point and what that means; then, each as a quoted line (the page greys them), the findings it does not read
+        with the one-sentence reason and no probability. A checkpoint that records no validation is shown with its
+        raw scores under a visible "not validated" notice. Percentages are whole numbers everywhere, as the labels
+        show them."""
+        from medclr.findings import operating_probability
+
         up = self.upload(path)
         details = self.engine.zero_shot_details(up.encoded)
+        record = self.engine.findings_record
         shown = [d for d in details if math.isfinite(d["probability"])]
         probs = {d["class"]: round(d["probability"], 4) for d in shown}
-        rows = [[d["class"], round(d["probability"], 4) if math.isfinite(d["probability"]) else None,
-                 None if d["validation_auc"] is None else round(d["validation_auc"], 3), d["note"] or "",
-                 " | ".join(d["positive_prompts"]), " | ".join(d["negative_prompts"])] for d in details]
-        return probs, rows, findings_notice(details)
+        rows = []
+        for d in details:
+            op = operating_probability(record, d["class"])
+            rows.append([d["class"], _percent(d["probability"]), _percent(op),
+                         None if d["validation_auc"] is None else round(d["validation_auc"], 2), d["note"] or "",
+                         " | ".join(d["positive_prompts"]), " | ".join(d["negative_prompts"])])
+        return probs, rows, findings_notice(details, record)
 
     def ground(self, path: str | None, phrase: str | None, scale: str = "relative") -> tuple[np.ndarray, str]:
-        """(overlay H x W x 3 uint8 at display size, a one-line legend). The map is painted only when the model
-        says the phrase holds for this image (``Inference.phrase_evidence``: a CheX5 finding above the operating
-        point of the checkpoint's validation, any other phrase above its negation); otherwise the film is shown
-        without colours and the legend says why in one sentence (:func:`absence_sentence`)."""
+        """(the film at display size with R/L markers, a one-line legend; where a map is drawn, the overlay with its
+        colour bar under it). The map is drawn only where the phrase's reading allows it (``medclr.app.grounding``:
+        no map for a denial, for a phrase the model does not say holds, or for a side or size it does not prefer;
+        the legend then says why in one sentence) and the map is not flat."""
+        from medclr.app.grounding import judge
+        from medclr.app.phrases import read_phrase
+
         phrase = check_text(phrase, "phrase", "please type a phrase to ground, e.g. 'small left pleural effusion'")
         scale = "relative" if scale is None else scale
         if scale not in SCALES:
             raise MedclrError("the colour scale must be 'absolute' or 'relative'")
         up = self.upload(path)
-        evidence = self.engine.phrase_evidence(up.encoded, phrase)
-        absent = absence_sentence(evidence)
-        if absent is not None:
-            return render.to_uint8(up.display), absent
+        film = render.mark_sides(render.to_uint8(up.display), up.header.get("view"))
+        reading = read_phrase(phrase)
+        verdict = judge(self.engine, up.encoded, reading)
+        if not verdict.draw:
+            return film, verdict.sentence
+        quoted = f"“{reading.phrase}”"
         heat, grid = self.engine.heatmap(up.encoded, phrase, sigma=self.smoothing, size=up.display.shape)
         if not has_localised_signal(grid):
-            return render.to_uint8(up.display), (
-                f"The model shows no localised signal for this phrase: its region scores span only "
-                f"{map_range(grid):.3f} (a localised match spans at least {MIN_MAP_RANGE:.2f}), so no heatmap is drawn.")
+            return film, (
+                f"No heatmap for {quoted}: {verdict.sentence}, but its region scores span only {map_range(grid):.3f} "
+                f"(a localised match spans at least {MIN_MAP_RANGE:.2f}): no localised signal, so no map.")
         img, info = overlay(up.display, heat, scale=scale)
-        legend = (presence_sentence(evidence) + f"cosine similarity in [{info['min']:.3f}, {info['max']:.3f}]; colours span "
-                  f"[{info['lo']:.3f}, {info['hi']:.3f}] (blue low, red high); contours at "
-                  + ", ".join(f"{v:.3f}" for v in info["levels"]) + "; outside the model's centre crop: no colour")
-        return img, legend
+        img = render.with_colour_bar(render.mark_sides(img, up.header.get("view")), info, scale)
+        return img, f"Map of {quoted}: {verdict.sentence}. " + colours_sentence(info, scale)
 
     # -- retrieval ------------------------------------------------------------------------------------
     def _need_index(self):
@@ -323,32 +333,62 @@ class AppService:
             return True
         return gap <= SAME_IMAGE_HASHED and file_key(str(hit["image_path"])) == up.key
 
-    def retrieve_by_image(self, path: str | None, k: int = 8) -> list[tuple[np.ndarray, str]]:
-        """The k indexed studies most like the upload, never the upload's own study (:func:`drop_query_study`)."""
+    def _image_pool(self, path: str | None) -> list[dict[str, Any]]:
+        """The upload's SCORE_POOL most similar indexed images, best first, never its own study
+        (:func:`drop_query_study`)."""
         index = self._need_index()
-        k = _k(k)
         up = self.upload(path)
         query = up.encoded.features.global_emb.float().cpu().numpy()
-        want, total = max(k, SCORE_POOL), index.images.ntotal
+        want, total = max(MAX_RESULTS, SCORE_POOL), index.images.ntotal
         n = min(total, want + OWN_STUDY_MARGIN)
         while True:
             hits = drop_query_study(index.search_images(query, n)[0], lambda h: self._is_query_image(up, h))
             if len(hits) >= want or n >= total:
                 break
             n = min(total, 2 * n)  # a study with more images than the margin: search wider
-        return self._gallery(hits[:want], k)
+        return hits[:want]
 
-    def retrieve_by_text(self, text: str | None, k: int = 8) -> list[tuple[np.ndarray, str]]:
-        index = self._need_index()
-        text = check_text(text, "description", "please type a description to search for, e.g. 'right pneumothorax'")
-        k = _k(k)
-        # ranked (and scored) by the checkpoint's head: LSE+NL re-ranks faiss's global-cosine candidates (as
-        # many as for k alone); the best SCORE_POOL of them put the captions' scores on a relative scale
+    def _text_pool(self, text: str) -> list[dict[str, Any]]:
+        """The text's best-scoring indexed images, best first, ranked once whatever k the page asks for: the head
+        re-ranks the faiss candidates the largest k gets (``rerank_pool(MAX_RESULTS)``), and the best SCORE_POOL
+        put the captions' scores on a relative scale. A pool sized by k re-ranked other candidates for each k, so
+        the list for k = 8 was not the first 8 of k = 24 (issue 45)."""
         from medclr.index.store import rerank_pool
 
-        pool = rerank_pool(k, index.images.ntotal)
-        return self._gallery(index.search_images_by_text(self.engine.embed_texts([text]), max(k, SCORE_POOL),
-                                                         pool=pool)[0], k)
+        index = self._need_index()
+        return index.search_images_by_text(self.engine.embed_texts([text]), max(MAX_RESULTS, SCORE_POOL),
+                                           pool=rerank_pool(MAX_RESULTS, index.images.ntotal))[0]
+
+    def retrieve_by_image(self, path: str | None, k: int = 8) -> list[tuple[np.ndarray, str]]:
+        """The k indexed studies most like the upload, never the upload's own study (:func:`drop_query_study`)."""
+        self._need_index()
+        k = _k(k)
+        return self._gallery(self._image_pool(path), k)
+
+    def retrieve_by_text(self, text: str | None, k: int = 8) -> list[tuple[np.ndarray, str]]:
+        """The k indexed images the checkpoint's head ranks best for the text (:meth:`_text_pool`)."""
+        self._need_index()
+        text = check_text(text, "description", "please type a description to search for, e.g. 'right pneumothorax'")
+        k = _k(k)
+        return self._gallery(self._text_pool(text), k)
+
+    def similar_studies(self, path: str | None, k: int = 8) -> tuple[list[tuple[np.ndarray, str]], str]:
+        """(:meth:`retrieve_by_image`'s gallery, :func:`retrieval_note` on what these results cannot show)."""
+        self._need_index()
+        k = _k(k)
+        pool = self._image_pool(path)
+        return self._gallery(pool, k), retrieval_note(self.engine.findings_record, (), pool[:k])
+
+    def images_for_text(self, text: str | None, k: int = 8) -> tuple[list[tuple[np.ndarray, str]], str]:
+        """(:meth:`retrieve_by_text`'s gallery, :func:`retrieval_note`: the same grey line as the findings box for
+        a finding the text names that the model does not read, and which results report one)."""
+        from medclr.app.phrases import read_phrase
+
+        self._need_index()
+        text = check_text(text, "description", "please type a description to search for, e.g. 'right pneumothorax'")
+        k = _k(k)
+        pool = self._text_pool(text)
+        return self._gallery(pool, k), retrieval_note(self.engine.findings_record, read_phrase(text).named, pool[:k])
 
     def report_sentences(self, manifest_index: int) -> list[str]:
         """The indexed sentences of one report (manifest index), in the order the report states them."""
@@ -414,42 +454,92 @@ class AppService:
         return columns, rows
 
 
-def absence_sentence(evidence: dict[str, Any]) -> str | None:
-    """Why no heatmap is drawn for a phrase (``Inference.phrase_evidence``), in one sentence; None to draw it."""
-    if evidence["how"] == "finding" and evidence["present"] is None:
-        return f"No heatmap: {evidence['reason']}."
-    if evidence["how"] == "finding" and not evidence["present"]:
-        return (f"The model does not find {evidence['finding'].lower()} on this image (probability "
-                f"{evidence['probability']:.0%}, below its operating point of {evidence['operating_probability']:.0%} "
-                "on validation), so no heatmap is drawn.")
-    if evidence["how"] == "negation" and not evidence["present"]:
-        return (f"The model does not see this on the image: it scores “{evidence['negation']}” above the phrase "
-                f"({evidence['score_negation']:.3f} against {evidence['score']:.3f}), so no heatmap is drawn.")
-    return None
+def _percent(p: float | None) -> int | None:
+    """A probability as the whole number of percent the page shows (:func:`medclr.app.grounding.percent`)."""
+    return None if p is None or not math.isfinite(p) else round(100 * p)
 
 
-def presence_sentence(evidence: dict[str, Any]) -> str:
-    """The legend's first clause: why this map is drawn."""
-    if evidence["how"] == "finding":
-        return (f"the model finds {evidence['finding'].lower()} on this image (probability "
-                f"{evidence['probability']:.0%}, operating point {evidence['operating_probability']:.0%}); ")
-    if evidence["how"] == "negation":
-        return (f"the model scores the phrase above “{evidence['negation']}” ({evidence['score']:.3f} against "
-                f"{evidence['score_negation']:.3f}; not validated for this phrase); ")
-    return "presence unchecked (medclr's rules cannot negate this phrase); "
+OPERATING_POINT = ("Operating point: the probability at which this model best separated the validation films with "
+                   "the finding from those without (Youden's J). At or above it the model calls the finding present; "
+                   "below it, absent.")
 
 
-def findings_notice(details: list[dict[str, Any]]) -> str:
-    """Markdown under the labels: the findings the model does not read, greyed out, each with its reason;
-    or the "not validated" notice once when the checkpoint records no validation."""
-    from medclr.findings import NOT_VALIDATED
+def findings_notice(details: list[dict[str, Any]], record=None) -> str:
+    """The text under the labels (Markdown, no HTML: API clients read it as it is): each read finding's probability
+    against its operating point, then each finding the model does not read as a quoted line with its reason (the
+    page greys quoted lines); or the "not validated" notice once when the checkpoint records no validation."""
+    from medclr.app.grounding import percent
+    from medclr.findings import NOT_VALIDATED, operating_probability
 
     if any(d["note"] == NOT_VALIDATED for d in details):
         return f"⚠ **Not validated.** {NOT_VALIDATED[0].upper()}{NOT_VALIDATED[1:]}."
-    hidden = [d for d in details if not math.isfinite(d["probability"])]
-    lines = [f'<span class="unread">{html.escape(d["class"])}: {html.escape(d["note"] or "")}.</span>'
-             for d in hidden]
-    return "<br>".join(lines)
+    lines = []
+    for d in details:
+        op = operating_probability(record, d["class"]) if math.isfinite(d["probability"]) else None
+        if op is not None:
+            above = d["probability"] >= op
+            lines.append(f"- {d['class']} {percent(d['probability'])}: {'at or above' if above else 'below'} its "
+                         f"operating point of {percent(op)}, {'called present' if above else 'not called'}")
+    out = [OPERATING_POINT + "\n\n" + "\n".join(lines)] if lines else []
+    out += [f"> {d['class']}: {d['note'] or ''}." for d in details if not math.isfinite(d["probability"])]
+    return "\n\n".join(out)
+
+
+def colours_sentence(info: dict[str, Any], scale: str) -> str:
+    """The legend's account of the map's colours, contours and markers."""
+    if scale == "relative":
+        what = (f"Colours show where on this image the phrase matches best, blue low to red high over this map's own "
+                f"cosine range [{info['lo']:.3f}, {info['hi']:.3f}]; contours at 25%, 50% and 75% of that range")
+    else:
+        what = (f"Colours show the cosine of each region with the phrase from -1 (blue) to +1 (red); this map spans "
+                f"[{info['min']:.3f}, {info['max']:.3f}]; contours at 0.25, 0.50 and 0.75")
+    return (what + " (white, gold, black: the bar under the image names them); no colour outside the model's centre "
+            "crop. R and L mark the patient's right and left.")
+
+
+def retrieval_note(record, named: tuple[str, ...], hits: list[dict[str, Any]]) -> str:
+    """What a retrieval result cannot show (Markdown, quoted lines the page greys):
+
+    * a finding the query names that the model does not read: the findings box's own sentence for it, and that
+      the ranking does not follow it;
+    * the findings the results' reports state (``medclr.data.labeller``) that the model does not read, with the
+      ranks that report them: their likeness to the query says nothing about those;
+    * a checkpoint without a validation record: the "not validated" line once.
+    Empty when there is nothing to say."""
+    from medclr.data.labels import CHEX5
+    from medclr.findings import NOT_VALIDATED, unread_reason
+
+    if record is None:
+        return f"> {NOT_VALIDATED[0].upper()}{NOT_VALIDATED[1:]}, so what these results can show is unknown."
+    unread = [c for c in CHEX5 if unread_reason(record, c) is not None]
+    lines = [f"> {c}: {unread_reason(record, c)}. These results are not ranked by {c.lower()}."
+             for c in named if c in unread]
+    for c in unread:
+        ranks = [str(rank) for rank, h in enumerate(hits, 1) if c in report_findings(str(h.get("report", "")))]
+        if ranks:
+            lines.append(f"> {'Result' if len(ranks) == 1 else 'Results'} #{', #'.join(ranks)} "
+                         f"{'reports' if len(ranks) == 1 else 'report'} {c.lower()}, a finding this model does not "
+                         "read: its likeness to the query says nothing about it.")
+    if not named and unread:  # an image query, or a text naming none: what the likeness leaves out
+        lines.insert(0, f"> This model does not read {_and(c.lower() for c in unread)}: these results are alike in "
+                        "what it reads, not in those.")
+    return "\n\n".join(lines)
+
+
+def _and(words) -> str:
+    words = list(words)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+@functools.lru_cache(maxsize=4096)
+def report_findings(report: str) -> frozenset[str]:
+    """The CheX5 findings a report states, read by medclr's rule labeller (``medclr.data.labeller.label_report``)
+    from its findings and impression sentences."""
+    from medclr.data.labeller import label_report
+    from medclr.data.text import extract_sections, report_text, split_sentences
+
+    labels = label_report(split_sentences(report_text(extract_sections(report))))
+    return frozenset(c for c, v in labels.items() if v == 1.0)
 
 
 def _k(k) -> int:

@@ -4,12 +4,15 @@ Endpoints (``gradio_client``: ``client.predict(..., api_name="/zero_shot")``):
 
 * ``preview``  (file) -> (image as read, safe facts)
 * ``zero_shot`` (file) -> ({class: calibrated probability} of the findings the model reads, table of class /
-  probability / validation AUC / note / prompts used, a notice naming the findings it does not read and why)
-* ``ground`` (file, phrase, scale="relative") -> (heatmap overlay image, legend); no colours when the model
-  does not find the phrase on the image (it scores the phrase's negation higher)
-* ``retrieve_by_image`` (file, k=8) -> gallery of similar studies (never the upload's own study), captions =
-  "#rank · z SD · report N · finding sentences" (z: the score's standard score among the query's 100 best)
-* ``retrieve_by_text`` (text, k=8) -> gallery of images
+  probability % / operating point % / validation AUC / note / prompts used, a plain-text notice: each read
+  finding against its operating point, then the findings it does not read and why)
+* ``ground`` (file, phrase, scale="relative") -> (the film with R/L markers, and the map with its colour bar
+  when one is drawn; legend). No map for a negated or normal phrase, a phrase the model does not say holds,
+  or a side or size it does not prefer (``medclr.app.grounding``)
+* ``retrieve_by_image`` (file, k=8) -> (gallery of similar studies (never the upload's own study), captions =
+  "#rank · z SD · report N · finding sentences" (z: the score's standard score among the query's 100 best);
+  a note on the findings the model does not read)
+* ``retrieve_by_text`` (text, k=8) -> (gallery of images, note); the same ranking for every k, cut at k
 * ``inspect_sentence`` (sentence) -> {eta_LM, zeta per report, nearest sentences}; the page shows a picked
   study's own sentences as a table (eta_LM, zeta_txt for NUCLR) and this JSON folded under a summary line
 
@@ -67,11 +70,20 @@ INTRO = """# medclr chest X-ray assistant
 Upload a radiograph (DICOM, PNG or JPEG) and press **Analyse**. Research software: zero-shot findings
 from a vision-language model, **not a diagnosis**. Patient identifiers in DICOM headers are never read
 out or shown."""
+# Quoted lines are what the model does not read (findings box, retrieval notes): grey, but #4d4d4d on white is
+# 8.5:1 (WCAG AA asks 4.5:1; #8a8a8a was 3.5:1). Gallery captions wrap instead of being cut after one line.
 CSS = """
 #findings .output-class { font-size: 1.1rem; }
-#findings_note .unread { color: #8a8a8a; }
+.unread-notes blockquote { color: #4d4d4d; border-left: 3px solid #b0b0b0; margin: 0.3em 0; padding-left: 0.6em; }
+.dark .unread-notes blockquote { color: #c8c8c8; }
+.gallery-box .caption-label, .gallery-box figcaption { white-space: normal !important; overflow: visible !important;
+  text-overflow: clip !important; max-width: none !important; }
 footer { display: none !important; }
 """
+CAPTIONS = ("Captions: **#rank** · **z SD**, how far the image's score stands above the query's 100 best-scoring "
+            "indexed images, in standard deviations (raw cosines of chest films all sit near 0.99) · **report N**, "
+            "the study's number in the index (click a study to see its report's sentences) · the report's finding "
+            "sentences.")
 
 
 def _safe(name: str):
@@ -155,11 +167,13 @@ def build_blocks(service: AppService) -> gr.Blocks:
 
     @_safe("retrieve_by_image")
     def retrieve_by_image(file, k=8):
-        return gallery(service.retrieve_by_image(file, k))
+        items, note = service.similar_studies(file, k)
+        return gallery(items), note
 
     @_safe("retrieve_by_text")
     def retrieve_by_text(text, k=8):
-        return gallery(service.retrieve_by_text(text, k))
+        items, note = service.images_for_text(text, k)
+        return gallery(items), note
 
     @_safe("inspect_sentence")
     def inspect_sentence(sentence):
@@ -185,6 +199,8 @@ def build_blocks(service: AppService) -> gr.Blocks:
 
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
         gr.Markdown(INTRO)
+        # which request answered last, and when: an answer equal to the one before changes nothing else on the page
+        status = gr.HTML(elem_id="status")
         with gr.Row(equal_height=False):
             with gr.Column(scale=4):
                 with gr.Row(elem_id="upload_row"):
@@ -199,7 +215,7 @@ def build_blocks(service: AppService) -> gr.Blocks:
             with gr.Column(scale=3):
                 label = gr.Label(num_top_classes=5, label="CheX5 zero-shot probability", elem_id="findings",
                                  show_heading=False)
-                findings_note = gr.Markdown(elem_id="findings_note")
+                findings_note = gr.Markdown(elem_id="findings_note", elem_classes=["unread-notes"])
                 phrase = gr.Textbox(label="Phrase to ground", value="pleural effusion", elem_id="phrase",
                                     max_length=MAX_TEXT_CHARS)
                 with gr.Row():
@@ -210,22 +226,28 @@ def build_blocks(service: AppService) -> gr.Blocks:
                                 height=420, format="png", buttons=["fullscreen"])
                 legend = gr.Markdown(elem_id="legend")
         with gr.Accordion("Findings: probabilities, validation and the prompt pairs used", open=False):
-            table = gr.Dataframe(headers=["class", "probability", "validation AUC", "note", "positive prompt",
-                                          "negative prompt"],
-                                 interactive=False, elem_id="prompts", show_label=False)
+            table = gr.Dataframe(headers=["finding", "probability %", "operating point %", "validation AUC", "note",
+                                          "positive prompt", "negative prompt"],
+                                 datatype=["str", "number", "number", "number", "str", "str", "str"],
+                                 interactive=False, wrap=True, elem_id="prompts", show_label=False)
         with gr.Tab("Similar studies", interactive=has_index):
             with gr.Row():
                 k = gr.Slider(1, MAX_RESULTS, value=8, step=1, label="Number of results", scale=3)
                 similar_btn = gr.Button("Find studies like the uploaded image", elem_id="similar_btn", scale=2)
             similar = gr.Gallery(label="Similar studies (click one to inspect its sentences)", columns=6,
-                                 height=360, elem_id="similar", format="png")
+                                 height=360, elem_id="similar", format="png", interactive=False,
+                                 elem_classes=["gallery-box"])
+            similar_note = gr.Markdown(elem_id="similar_note", elem_classes=["unread-notes"])
+            gr.Markdown(CAPTIONS)
         with gr.Tab("Images for a text", interactive=has_index):
             with gr.Row():
                 query = gr.Textbox(label="Describe a finding", placeholder="e.g. right pneumothorax", scale=4,
                                    max_length=MAX_TEXT_CHARS)
                 text_btn = gr.Button("Search", scale=1)
             by_text = gr.Gallery(label="Images for the text", columns=6, height=360, elem_id="by_text",
-                                 format="png")
+                                 format="png", interactive=False, elem_classes=["gallery-box"])
+            text_note = gr.Markdown(elem_id="text_note", elem_classes=["unread-notes"])
+            gr.Markdown(CAPTIONS)
         with gr.Tab("Sentence inspector"):
             gr.Markdown("Click a study in a gallery: its report's own sentences with their LM class probability "
                         "**eta_LM** and, for a NUCLR checkpoint, the learned popularity **zeta_txt**. Or type a "
@@ -251,21 +273,28 @@ def build_blocks(service: AppService) -> gr.Blocks:
         model_events = {"concurrency_id": "model", "concurrency_limit": 1}
         # a new upload first blanks everything shown for the previous one (another patient's, perhaps)
         # (the galleries and the inspector too: they answered for the previous image)
-        previous = [shown, facts, label, table, findings_note, heat, legend, similar, study_title, study_table, pick,
-                    sentence, summary, inspected]
+        previous = [shown, facts, label, table, findings_note, heat, legend, similar, similar_note, study_title,
+                    study_table, pick, sentence, summary, inspected, status]
         upload.upload(lambda: tuple(_blank(c) for c in previous), None, previous,
                       api_name="_reset", api_visibility="private", queue=False)
         upload.upload(preview, upload, [shown, facts], api_name="preview", **model_events)
-        analyse.click(zero_shot, upload, [label, table, findings_note], api_name="zero_shot", **model_events).then(
+        def done(event, what: str, name: str) -> None:
+            event.success(_answered(what), None, status, api_name=f"_done_{name}", api_visibility="private",
+                          queue=False)
+
+        done(analyse.click(zero_shot, upload, [label, table, findings_note], api_name="zero_shot", **model_events).then(
             ground, [upload, phrase, scale], [heat, legend], api_name="_analyse_ground", api_visibility="private",
-            **model_events)
-        ground_btn.click(ground, [upload, phrase, scale], [heat, legend], api_name="ground", **model_events)
-        phrase.submit(ground, [upload, phrase, scale], [heat, legend], api_name="_phrase_submit",
-                      api_visibility="private", **model_events)
-        similar_btn.click(retrieve_by_image, [upload, k], similar, api_name="retrieve_by_image", **model_events)
-        text_btn.click(retrieve_by_text, [query, k], by_text, api_name="retrieve_by_text", **model_events)
-        query.submit(retrieve_by_text, [query, k], by_text, api_name="_query_submit", api_visibility="private",
-                     **model_events)
+            **model_events), "Findings and heatmap", "analyse")
+        done(ground_btn.click(ground, [upload, phrase, scale], [heat, legend], api_name="ground", **model_events),
+             "Heatmap", "ground")
+        done(phrase.submit(ground, [upload, phrase, scale], [heat, legend], api_name="_phrase_submit",
+                           api_visibility="private", **model_events), "Heatmap", "phrase")
+        done(similar_btn.click(retrieve_by_image, [upload, k], [similar, similar_note], api_name="retrieve_by_image",
+                               **model_events), "Similar studies", "similar")
+        done(text_btn.click(retrieve_by_text, [query, k], [by_text, text_note], api_name="retrieve_by_text",
+                            **model_events), "Images for the text", "text")
+        done(query.submit(retrieve_by_text, [query, k], [by_text, text_note], api_name="_query_submit",
+                          api_visibility="private", **model_events), "Images for the text", "query")
         similar.select(pick_study, similar, [study_title, study_table, pick], api_name="_pick_study",
                        api_visibility="private")
         by_text.select(pick_study, by_text, [study_title, study_table, pick], api_name="_pick_text_study",
@@ -285,6 +314,15 @@ def build_blocks(service: AppService) -> gr.Blocks:
                     api_visibility="private", queue=False)
     _refuse_foreign_files(demo)
     return demo
+
+
+def _answered(what: str):
+    """The status line's text after a request: what answered and when (the server's clock, to the second)."""
+
+    def stamp() -> str:
+        return f'<p role="status">{what}: answered at {time.strftime("%H:%M:%S")}.</p>'
+
+    return stamp
 
 
 def _panels(demo: gr.Blocks, *first) -> list:

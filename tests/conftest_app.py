@@ -216,3 +216,54 @@ def served_app(engine, index_dir, service_kw: dict | None = None, **launch_kw):
     service = AppService(engine, load_index(index_dir, engine), **(service_kw or {}))
     with serve_in_background(service, **launch_kw) as url:
         yield url, service
+
+
+def findings_record(classes) -> dict:
+    """A validation record in ``medclr.findings``' shape: every class read with a steep Platt map and an operating
+    point (-10) that every cosine margin clears, Pneumothorax flipped (not read)."""
+    per = {c: {"n": 200, "n_pos": 40, "auc": 0.9, "auc_ci": [0.85, 0.95], "prevalence": 0.2, "direction": "positive",
+               "platt": {"a": 40.0, "b": -1.0}, "threshold": -10.0, "reads": True, "reason": None} for c in classes}
+    per["Pneumothorax"].update(auc=0.31, auc_ci=[0.22, 0.4], direction="flipped", reads=False,
+                               reason="this model does not reliably read pneumothorax: validation AUC 0.31 "
+                                      "(it ranks these images opposite to the finding)")
+    return {"min_auc": 0.7, "split": "validate", "prompts": "paper", "n_boot": 100, "classes": per}
+
+
+WIDE_STUDIES = 260  # more than the head re-ranks for the largest k (10 x 24 = 240 candidates)
+
+
+@functools.cache
+def build_wide_index(root: str) -> dict[str, Path]:
+    """{'checkpoint', 'index'}: a 64-pixel checkpoint with ``findings_record`` and an index of WIDE_STUDIES drawn
+    films, wide enough that a text search's candidates for k = 8 (100) are fewer than for k = 24 (240)."""
+    import dataclasses
+
+    import pandas as pd
+    from PIL import Image
+
+    from medclr.data.manifest import write_manifest
+    from medclr.index import build_index
+    from medclr.inference import load_checkpoint, read_metadata, write_metadata
+    from medclr.prompts import CHEX5
+
+    base = Path(root) / "wide_assets"
+    out = {"checkpoint": base / "checkpoint", "index": base / "index"}
+    if (out["index"] / "index_manifest.json").is_file():
+        return out
+    images = base / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(WIDE_STUDIES):
+        rel = f"w{i:03d}.png"
+        Image.fromarray(_draw_cxr(rng, 64)).save(images / rel)
+        sents = [SENTENCES[i % len(SENTENCES)], SENTENCES[(i * 7 + 2) % len(SENTENCES)]]
+        rows.append({"subject_id": f"2{i:03d}", "study_id": f"6{i:04d}", "dicom_id": f"w{i}", "image_path": rel,
+                     "view": "PA", "split": "test", "report": " ".join(sents), "text": " ".join(sents),
+                     "sentences": sents})
+    manifest = write_manifest(pd.DataFrame(rows), base / "manifest.parquet", images)
+    make_checkpoint(out["checkpoint"], build_text_model(root), seed=2, image_size=64)
+    write_metadata(out["checkpoint"], dataclasses.replace(read_metadata(out["checkpoint"]),
+                                                          findings=findings_record(CHEX5)))
+    build_index(load_checkpoint(out["checkpoint"]), manifest, out["index"])
+    return out

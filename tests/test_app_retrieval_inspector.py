@@ -69,7 +69,7 @@ def test_query_study_is_not_its_own_hit(client):
     from gradio_client import handle_file
 
     for k in (5, 11):  # 11: every other indexed image
-        hits = _parsed(client.predict(handle_file(rg1_path()), k, api_name="/retrieve_by_image"))
+        hits = _parsed(client.predict(handle_file(rg1_path()), k, api_name="/retrieve_by_image")[0])
         assert len(hits) == k
         assert RG1_REPORT not in [h[2] for h in hits]
         assert [h[0] for h in hits] == list(range(1, k + 1))
@@ -81,13 +81,13 @@ def test_other_images_of_the_query_study_are_dropped(client, server):
 
     table = server[1].index.image_table
     rg1_study = table.loc[table["manifest_index"] == RG1_REPORT, "study_id"].iloc[0]
-    before = _parsed(client.predict(handle_file(rg1_path()), 3, api_name="/retrieve_by_image"))
+    before = _parsed(client.predict(handle_file(rg1_path()), 3, api_name="/retrieve_by_image")[0])
     sibling = before[0][2]
     row = table.index[table["manifest_index"] == sibling][0]
     old = table.at[row, "study_id"]
     table.at[row, "study_id"] = rg1_study
     try:
-        after = _parsed(client.predict(handle_file(rg1_path()), 3, api_name="/retrieve_by_image"))
+        after = _parsed(client.predict(handle_file(rg1_path()), 3, api_name="/retrieve_by_image")[0])
     finally:
         table.at[row, "study_id"] = old
     assert [h[2] for h in after] == [h[2] for h in before[1:]] + [after[-1][2]]
@@ -124,10 +124,10 @@ def test_an_indexed_file_is_recognised_by_its_bytes(server, tmp_path):
 def test_scores_are_ranks_and_standard_scores(client):
     from gradio_client import handle_file
 
-    hits = _parsed(client.predict(handle_file(rg1_path()), 8, api_name="/retrieve_by_image"))
+    hits = _parsed(client.predict(handle_file(rg1_path()), 8, api_name="/retrieve_by_image")[0])
     z = [h[1] for h in hits]
     assert z == sorted(z, reverse=True) and z[0] > 0 and z[0] - z[-1] > 0.5  # raw cosines span ~0.002 here
-    by_text = _parsed(client.predict("small left pleural effusion", 4, api_name="/retrieve_by_text"))
+    by_text = _parsed(client.predict("small left pleural effusion", 4, api_name="/retrieve_by_text")[0])
     assert [h[0] for h in by_text] == [1, 2, 3, 4] and by_text[0][1] >= by_text[-1][1]
 
 
@@ -148,8 +148,8 @@ def test_captions_show_findings_sentences_not_the_header(client, manifest):
     from medclr.data.hard_negatives import states_finding
 
     sents = dict(zip(manifest["index"].astype(int), manifest["sentences"]))
-    galleries = [client.predict(handle_file(rg1_path()), 11, api_name="/retrieve_by_image"),
-                 client.predict("small left pleural effusion", 6, api_name="/retrieve_by_text")]
+    galleries = [client.predict(handle_file(rg1_path()), 11, api_name="/retrieve_by_image")[0],
+                 client.predict("small left pleural effusion", 6, api_name="/retrieve_by_text")[0]]
     seen_finding = False
     for gallery in galleries:
         for _, _, report, text in _parsed(gallery):
@@ -179,7 +179,7 @@ def test_inspector_table_is_the_picked_study_own_sentences(client, server, manif
     from medclr.app.ui import _study_sentences
 
     eta = pd.read_parquet(app_assets["eta"]).set_index("sentence")["eta"]
-    gallery = client.predict(handle_file(rg1_path()), 4, api_name="/retrieve_by_image")
+    gallery = client.predict(handle_file(rg1_path()), 4, api_name="/retrieve_by_image")[0]
     for i, item in enumerate(gallery):
         report = _parsed([item])[0][2]
         study = _study_sentences(server[1], gallery, i, None)
