@@ -107,10 +107,10 @@ def call(client, kind: str, rng: np.random.Generator, images: list[str], sentenc
         overlay, legend = client.predict(handle_file(image), phrase, "relative", api_name="/ground")
         return None if overlay and legend else f"no heatmap: {str(legend)[:80]}"
     if kind == "retrieve_image":
-        gallery = client.predict(handle_file(image), 5, api_name="/retrieve_by_image")
+        gallery, _note = client.predict(handle_file(image), 5, api_name="/retrieve_by_image")
         return None if gallery else "an empty gallery"
     if kind == "retrieve_text":
-        gallery = client.predict(phrase, 5, api_name="/retrieve_by_text")
+        gallery, _note = client.predict(phrase, 5, api_name="/retrieve_by_text")
         return None if gallery else "an empty gallery"
     sentence = sentences[int(rng.integers(len(sentences)))]
     out = client.predict(sentence, api_name="/inspect_sentence")
