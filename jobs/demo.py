@@ -1,8 +1,13 @@
 """`medclr demo`: the main job, end to end, on the embedded default data (CXR-Phantom).
 
+By default it serves the reference model that ships inside medclr (:mod:`medclr.pretrained`): the phantom's
+data, a retrieval index built with that model, the app; no training. ``--train`` is the whole path from
+scratch: data, domain LM, eta table, training, evaluation, index, app.
+
 Steps run in order through the same CLI entry points a user would call; each
 step is skipped when its output already exists, so a second run goes straight
-to the app. A step whose command is not built in this version stops the demo
+to the app, and a training stopped part-way resumes from its last checkpoint.
+A step whose command is not built in this version stops the demo
 with a clear note (exit 0: everything that exists has run).
 """
 
@@ -21,14 +26,16 @@ from medclr.errors import MedclrError
 from medclr.phantom.vocab import EVAL_PER_CLASS
 from medclr.progress import add_progress_flag
 
-HELP = "the main job: phantom data -> LM -> train -> eval -> index -> app"  # what `medclr --help` shows
+HELP = "the main job: the shipped model on phantom data, served in the app (--train: train one first)"
 
 EPILOG = """examples:
-  medclr demo                       # build everything under ~/.cache/medclr/demo, then serve on 127.0.0.1
+  medclr demo                       # phantom data + an index for the shipped model, then serve on 127.0.0.1
   medclr demo --no-serve --workdir out/demo
-  medclr demo --preset cpu_zeroshot # zero-shot labels on a CPU: 1,000 steps, ~20 minutes on 2 cores (bf16)
-  medclr demo --preset gpu_small    # the 2,500-step recipe (a few minutes on a GPU, hours on 2 CPU cores)
-Outputs under WORKDIR: phantom/, manifest.parquet, lm/, eta.parquet, checkpoint/, metrics.json, report/, index/."""
+  medclr demo --train               # from scratch: data -> LM -> train -> eval -> index -> app (cpu_small: ~11 min)
+  medclr demo --train --preset cpu_zeroshot # zero-shot labels on a CPU: 1,000 steps, ~40 minutes on 2 cores
+  medclr demo --train --preset reference    # the shipped model's own recipe (hours on 2 cores; resumable)
+Outputs under WORKDIR: phantom/, manifest.parquet, index/ (the shipped model's); with --train also lm/,
+eta.parquet, checkpoint/, metrics.json, report/ and index/ of the trained model."""
 
 
 def default_workdir() -> Path:
@@ -41,6 +48,21 @@ class Step:
     command: str  # a `medclr` subcommand (an entry point of the medclr.commands group)
     argv: list[str]
     output: Path
+
+
+def served_model(args: argparse.Namespace) -> str:
+    """The checkpoint the app serves: WORKDIR/checkpoint when training, else the shipped model asked for (``--model``,
+    default the reference model); one line when this medclr ships none."""
+    from medclr import pretrained
+
+    shipped = pretrained.names()
+    name = args.model or (pretrained.REFERENCE if pretrained.REFERENCE in shipped else (shipped or [None])[0])
+    if name is None:
+        raise MedclrError("this medclr ships no trained model (`medclr models` lists none); "
+                          "train one with `medclr demo --train`")
+    if name not in shipped:
+        raise MedclrError(f"--model {name}: not a shipped model; shipped: {', '.join(shipped) or 'none'} (medclr models)")
+    return name
 
 
 def preset(args: argparse.Namespace) -> str:
@@ -59,6 +81,25 @@ def plan(work: Path, args: argparse.Namespace) -> list[Step]:
 
 
 def _steps(work: Path, args: argparse.Namespace) -> list[Step]:
+    if not getattr(args, "train", True):
+        return [*_data_steps(work, args), _index_step(work, served_model(args))]
+    return [*_data_steps(work, args), *_training_steps(work, args), _index_step(work, str(work / "checkpoint"))]
+
+
+def index_dir(work: Path, checkpoint: str) -> Path:
+    """One index per served model, so a trained model never answers from the shipped model's vectors: the
+    shipped model's under index/NAME, the trained checkpoint's under index/checkpoint."""
+    return work / "index" / Path(checkpoint).name
+
+
+def _index_step(work: Path, checkpoint: str) -> Step:
+    out = index_dir(work, checkpoint)
+    return Step(f"build the retrieval index ({Path(checkpoint).name})", "index",
+                ["index", "build", "--checkpoint", checkpoint, "--manifest", str(work / "manifest.parquet"),
+                 "--out", str(out)], out / "index_manifest.json")
+
+
+def _data_steps(work: Path, args: argparse.Namespace) -> list[Step]:
     phantom = work / "phantom"
     return [
         Step("generate CXR-Phantom", "phantom",
@@ -69,6 +110,14 @@ def _steps(work: Path, args: argparse.Namespace) -> list[Step]:
              ["prepare", "--mimic", str(phantom), "--views", "all", "--mscxr",
               str(phantom / "MS_CXR_Local_Alignment_v1.1.0.csv"), "--out", str(work / "manifest.parquet")],
              work / "manifest.parquet"),
+    ]
+
+
+def _training_steps(work: Path, args: argparse.Namespace) -> list[Step]:
+    checkpoints = work / "checkpoint" / "checkpoints"
+    # a training stopped part-way (Ctrl-C, a lost session) goes on from its last checkpoint, exactly
+    resume = ["--resume"] if checkpoints.is_dir() and any(checkpoints.glob("step-*")) else []
+    return [
         Step("fit the domain LM", "lm", ["lm", "fit", "--manifest", str(work / "manifest.parquet"), "--out", str(work / "lm")],
              work / "lm" / "config.json"),
         Step("score sentences (eta_LM)", "lm",
@@ -76,13 +125,10 @@ def _steps(work: Path, args: argparse.Namespace) -> list[Step]:
               str(work / "eta.parquet")], work / "eta.parquet"),
         Step(f"train DCL-eta_LM ({preset(args)} preset)", "train",
              ["train", "--config", "dcl_lm", f"preset={preset(args)}", f"data.manifest={work / 'manifest.parquet'}",
-              f"data.eta={work / 'eta.parquet'}", f"out={work / 'checkpoint'}"],
+              f"data.eta={work / 'eta.parquet'}", f"out={work / 'checkpoint'}", *resume],
              work / "checkpoint" / "model.safetensors"),
         Step("evaluate", "eval", ["eval", "--checkpoint", str(work / "checkpoint"), "--manifest", str(work / "manifest.parquet"),
                                   "--out", str(work / "report")], work / "report" / "metrics.json"),
-        Step("build the retrieval index", "index", ["index", "build", "--checkpoint", str(work / "checkpoint"), "--manifest",
-                                                    str(work / "manifest.parquet"), "--out", str(work / "index")],
-             work / "index" / "index_manifest.json"),
     ]
 
 
@@ -146,17 +192,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-per-class", type=int, default=EVAL_PER_CLASS,
                         help=f"evaluation-set studies per CheX5 class (the test split; default: {EVAL_PER_CLASS})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the phantom data set (default 0)")
-    parser.add_argument("--preset", choices=("auto", "cpu_small", "cpu_zeroshot", "gpu_small"), default="auto",
-                        help="training preset: auto = gpu_small with CUDA (2,500 steps: the model learns grounding "
-                             "and negation), else cpu_small (450 steps of a 64 px ResNet-18 cut after layer3, "
+    parser.add_argument("--model", default=None, metavar="NAME",
+                        help="the shipped model to serve (default: the reference model; `medclr models` lists them)")
+    parser.add_argument("--train", action="store_true",
+                        help="train a model from scratch first (domain LM, eta table, DCL-eta_LM, evaluation) and "
+                             "serve it instead of the shipped one; a training stopped part-way resumes on the next run")
+    parser.add_argument("--preset", choices=("auto", "cpu_small", "cpu_zeroshot", "gpu_small", "reference"),
+                        default="auto",
+                        help="with --train, the training preset: auto = gpu_small with CUDA (2,500 steps: the model "
+                             "learns grounding and negation), else cpu_small (450 steps of a 64 px ResNet-18 cut after layer3, "
                              "~8 minutes on 2 cores); cpu_zeroshot = the same model trained for zero-shot labels "
-                             "(1,000 steps, ~20 minutes on 2 cores under bf16; docs/training.md)")
+                             "(1,000 steps, ~40 minutes on 2 cores; docs/training.md); reference = the shipped "
+                             "model's recipe (3,000 steps at 128 px: hours on 2 cores)")
     parser.add_argument("--port", type=int, default=7860, help="the app's port at the end (default 7860; 0 = the first free one)")
     add_progress_flag(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.train and args.model:
+        raise MedclrError("--model serves a shipped model; --train serves the one it trains: pass one of them")
+    if not args.train and args.preset != "auto":
+        raise MedclrError(f"--preset {args.preset} is a training preset: add --train to train with it")
     work = (args.workdir or default_workdir()).expanduser()
     work.mkdir(parents=True, exist_ok=True)
     steps = plan(work, args)
@@ -175,8 +232,9 @@ def run(args: argparse.Namespace) -> int:
         if code != 0:
             raise MedclrError(f"step '{step.name}' failed (exit {code}); fix the message above and rerun `medclr demo`")
         print(f"{label}: done in {time.perf_counter() - start:.0f} s")
+    checkpoint = str(work / "checkpoint") if args.train else served_model(args)
     report = work / "report" / "metrics.json"
-    if report.exists():
+    if args.train and report.exists():
         shutil.copyfile(report, work / "metrics.json")  # the evaluation's output, where the docs say it is
         print(f"demo model on the phantom's evaluation sets: {headline(work / 'metrics.json')} "
               f"(report: {work / 'report' / 'report.md'})")
@@ -184,5 +242,8 @@ def run(args: argparse.Namespace) -> int:
     if args.no_serve:
         print(f"all steps done under {work}")
         return 0
-    return medclr_main(["app", "--checkpoint", str(work / "checkpoint"), "--index", str(work / "index"),
+    if not args.train:
+        print(f"serving the shipped model {checkpoint} (`medclr models` shows its figures; `medclr demo --train` "
+              "trains one of your own)")
+    return medclr_main(["app", "--checkpoint", checkpoint, "--index", str(index_dir(work, checkpoint)),
                         "--port", str(args.port)])

@@ -215,3 +215,40 @@ def test_overwrite_replaces_a_shipped_model(env, tmp_path):
     assert out["dtype"] == "float16" and out["cast"]["n_images"] == 2 and sorted(p.name for p in root.iterdir()) == ["tiny"]
     assert not (root / "tiny" / "provenance" / "commands.sh").exists()  # the old folder is gone, not merged
     verify(root / "tiny")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_opened_by_name_it_gives_the_probabilities_its_pack_recorded(env, name):
+    """model.json records the packed model's zero-shot probabilities on fixed phantom renders; opened by name (files
+    checked against SHA256SUMS) it gives them again, to 1e-4."""
+    import medclr
+    from medclr.export.pack import phantom_images
+
+    cast = json.loads((env["root"] / name / "model.json").read_text())["cast"]
+    model = medclr.load(name)
+    batch = torch.stack([model.prepare(x)[0] for x in phantom_images(cast["n_images"], model.preprocess.resize_to)])
+    classes, prob, _, _ = model.zero_shot_scores(model.image_features(batch))
+    assert list(classes) == cast["classes"] and np.asarray(cast["probabilities"]).shape == prob.shape
+    assert np.abs(prob - np.asarray(cast["probabilities"])).max() < 1e-4
+
+
+def test_demo_serves_a_shipped_model_without_training(env, tmp_path):
+    """`medclr demo --no-serve` on a tiny phantom: data and an index built with the shipped model by name; no LM,
+    no eta table, no training (its outputs are never made)."""
+    run_env = dict(os.environ, HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+                   **{ROOT_ENV: str(env["root"])})
+    work = tmp_path / "demo"
+    argv = [sys.executable, "-m", "medclr", "demo", "--no-serve", "--workdir", str(work), "--n", "12",
+            "--eval-per-class", "2", "--model", "tiny-fp16", "--no-progress"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=run_env, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[3/3] build the retrieval index (tiny-fp16)" in proc.stdout
+    index = json.loads((work / "index" / "tiny-fp16" / "index_manifest.json").read_text())
+    assert index["counts"]["images"] == len(pd.read_parquet(work / "manifest.parquet"))
+    assert not any((work / name).exists() for name in ("lm", "eta.parquet", "checkpoint", "report"))
+    again = subprocess.run(argv, capture_output=True, text=True, env=run_env, timeout=300)
+    assert again.returncode == 0 and again.stdout.count(": cached (") == 3  # a second run goes straight to the app
+    wrong = subprocess.run([*argv[:-3], "--preset", "cpu_small"], capture_output=True, text=True, env=run_env,
+                           timeout=120)
+    assert wrong.returncode == 1 and wrong.stderr.strip().endswith(
+        "--preset cpu_small is a training preset: add --train to train with it")

@@ -135,15 +135,17 @@ def cast_change(source, packed, images: list[str] | None = None) -> dict[str, An
     calibration) and of the two scores behind them, on ``images`` (default: CXR-Phantom renders)."""
     inputs: list[Any] = list(images) if images else phantom_images(N_IMAGES, source.preprocess.resize_to)
 
-    def scores(engine) -> tuple[np.ndarray, np.ndarray]:
+    def scores(engine) -> tuple[list[str], np.ndarray, np.ndarray]:
         batch = torch.stack([engine.prepare(x)[0] for x in inputs])
-        _, prob, s_pos, s_neg = engine.zero_shot_scores(engine.image_features(batch))
-        return prob.astype(np.float64), np.stack([s_pos, s_neg]).astype(np.float64)
+        classes, prob, s_pos, s_neg = engine.zero_shot_scores(engine.image_features(batch))
+        return list(classes), prob.astype(np.float64), np.stack([s_pos, s_neg]).astype(np.float64)
 
-    (p0, s0), (p1, s1) = scores(source), scores(packed)
+    (_, p0, s0), (classes, p1, s1) = scores(source), scores(packed)
+    # the packed model's own probabilities: whoever opens it by name can check it still gives them
     return {"images": [str(x) for x in images] if images else f"{len(inputs)} CXR-Phantom renders (seed 0)",
             "n_images": len(inputs), "max_probability_change": float(np.abs(p1 - p0).max()),
-            "max_score_change": float(np.abs(s1 - s0).max())}
+            "max_score_change": float(np.abs(s1 - s0).max()), "classes": classes,
+            "probabilities": np.round(p1, 6).tolist()}
 
 
 def phantom_images(n: int, size: int) -> list[np.ndarray]:

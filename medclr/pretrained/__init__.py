@@ -34,6 +34,8 @@ MODEL_JSON = "model.json"
 SUMS_NAME = "SHA256SUMS"
 PROVENANCE_DIR = "provenance"
 FORMAT = "medclr.pretrained/1"
+# the model `medclr demo` serves when none is named: trained by training/configs/preset_reference.yaml
+REFERENCE = "phantom-resnet18"
 # a name is a folder name that cannot be mistaken for a path or a hidden file
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _SUM_LINE = re.compile(r"([0-9a-f]{64}) [ *](.+)")
@@ -173,5 +175,5 @@ def available(where: str | os.PathLike | None = None) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["MODEL_JSON", "ROOT_ENV", "SUMS_NAME", "available", "names", "read_sums", "resolve", "root", "verify",
+__all__ = ["MODEL_JSON", "REFERENCE", "ROOT_ENV", "SUMS_NAME", "available", "names", "read_sums", "resolve", "root", "verify",
            "write_sums"]
