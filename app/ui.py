@@ -79,7 +79,37 @@ CSS = """
 .gallery-box .caption-label, .gallery-box figcaption { white-space: normal !important; overflow: visible !important;
   text-overflow: clip !important; max-width: none !important; }
 footer { display: none !important; }
+/* the primary button's white text: Gradio's orange #f97316 gives 2.8:1, orange-700 5.2:1 */
+button.primary { background: #c2410c !important; border-color: #c2410c !important; color: #ffffff !important; }
+button.primary:hover { background: #9a3412 !important; border-color: #9a3412 !important; }
+#prompts table { table-layout: fixed; width: 100%; }
+#prompts th, #prompts td { word-break: normal; overflow-wrap: break-word; white-space: normal; }
 """
+# Names Gradio's markup leaves out (axe-core, bench/app_a11y.py): a gallery thumbnail is named "Thumbnail 1 of 8"
+# while it shows its caption (a screen reader would not read the caption, and the picture's alt repeats it); the
+# image panels' picture is a button without a name. Re-applied whenever the page's markup changes.
+HEAD = """<script>
+(() => {
+  const name = () => {
+    document.querySelectorAll('.thumbnail-item[aria-label^="Thumbnail"]').forEach(b => {
+      const caption = b.querySelector('.caption-label');
+      if (caption && caption.textContent.trim()) {
+        b.setAttribute('aria-label', caption.textContent.trim());
+        const img = b.querySelector('img');
+        if (img) img.setAttribute('alt', '');
+      }
+    });
+    document.querySelectorAll('#preview .image-container > button:not([aria-label]), '
+                              + '#heatmap .image-container > button:not([aria-label])').forEach(b => {
+      const panel = b.closest('#preview, #heatmap');
+      b.setAttribute('aria-label', panel.id === 'preview' ? 'The radiograph as the model reads it'
+                                                          : 'The heatmap for the phrase');
+    });
+  };
+  const start = () => new MutationObserver(name).observe(document.body, {childList: true, subtree: true});
+  if (document.body) start(); else document.addEventListener('DOMContentLoaded', start);
+})();
+</script>"""
 CAPTIONS = ("Captions: **#rank** · **z SD**, how far the image's score stands above the query's 100 best-scoring "
             "indexed images, in standard deviations (raw cosines of chest films all sit near 0.99) · **report N**, "
             "the study's number in the index (click a study to see its report's sentences) · the report's finding "
@@ -229,6 +259,7 @@ def build_blocks(service: AppService) -> gr.Blocks:
             table = gr.Dataframe(headers=["finding", "probability %", "operating point %", "validation AUC", "note",
                                           "positive prompt", "negative prompt"],
                                  datatype=["str", "number", "number", "number", "str", "str", "str"],
+                                 column_widths=["13%", "11%", "11%", "10%", "25%", "15%", "15%"],
                                  interactive=False, wrap=True, elem_id="prompts", show_label=False)
         with gr.Tab("Similar studies", interactive=has_index):
             with gr.Row():
@@ -403,7 +434,7 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = 7860, au
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     app, url, _ = demo.launch(server_name=host, server_port=port, share=False, auth=auth,
                               max_file_size=max_file_size, prevent_thread_lock=True, quiet=True,
-                              show_error=False, css=CSS, footer_links=[], ssr_mode=False, mcp_server=False,
+                              show_error=False, css=CSS, head=HEAD, footer_links=[], ssr_mode=False, mcp_server=False,
                               inbrowser=False, run_history=False,
                               app_kwargs={"middleware": [
                                   Middleware(hosts.HostOriginPolicy, bound=host, allowed_hosts=allowed_hosts),

@@ -72,6 +72,18 @@ def test_upload_in_the_real_page_shows_findings_and_heatmap(browser, served, tmp
     assert browser.wait_for("const i = document.querySelector('#heatmap img'); "
                             "return i && i.complete && i.naturalWidth > 0 ? i.naturalWidth : 0;",
                             what="the heatmap overlay")
+    # each answer stamps the status line, so asking again for the same map still shows that it ran
+    first = browser.wait_for("const s = document.querySelector('#status [role=status]'); return s ? s.innerText : '';",
+                             what="the status line")
+    assert first.startswith("Findings and heatmap: answered at")
+    time.sleep(1.1)  # the stamp counts seconds
+    browser.cmd("POST", f"/element/{browser.find('#ground_btn')}/click", {})
+    again = browser.wait_for("const s = document.querySelector('#status [role=status]').innerText;"
+                             f"return s !== {first!r} ? s : '';", what="a new status line")
+    assert again.startswith("Heatmap: answered at")
+    # the output galleries take no uploads (no file input, no "Click to Upload")
+    assert browser.js("return document.querySelectorAll('#similar input[type=file], #by_text input[type=file], "
+                      "#similar [aria-label*=Upload], #by_text [aria-label*=Upload]').length;") == 0
     # open the accordion that holds the probabilities, their validation and the prompt pairs used
     browser.js("for (const b of document.querySelectorAll('button, .label-wrap, span')) {"
                " if (b.textContent.trim().startsWith('Findings: probabilities')) { b.click(); return true; } } return false;")
