@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from medclr import pretrained
 from medclr.cli import is_built, main as medclr_main
 from medclr.errors import MedclrError
 from medclr.phantom.vocab import EVAL_PER_CLASS
@@ -53,8 +54,6 @@ class Step:
 def served_model(args: argparse.Namespace) -> str:
     """The checkpoint the app serves: WORKDIR/checkpoint when training, else the shipped model asked for (``--model``,
     default the reference model); one line when this medclr ships none."""
-    from medclr import pretrained
-
     shipped = pretrained.names()
     name = args.model or (pretrained.REFERENCE if pretrained.REFERENCE in shipped else (shipped or [None])[0])
     if name is None:
@@ -214,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
         raise MedclrError("--model serves a shipped model; --train serves the one it trains: pass one of them")
     if not args.train and args.preset != "auto":
         raise MedclrError(f"--preset {args.preset} is a training preset: add --train to train with it")
+    if not args.train and not args.model and not pretrained.names():
+        print("no model ships with this medclr: the demo trains one (--train)")
+        args.train = True
     work = (args.workdir or default_workdir()).expanduser()
     work.mkdir(parents=True, exist_ok=True)
     steps = plan(work, args)
