@@ -86,7 +86,14 @@ def read_biovil_weights(path: str | os.PathLike) -> BioViLWeights:
         raise MedclrError(f"BioViL image weights {str(p)!r}: no such file (expected hi-ml-multimodal's "
                           "biovil_image_resnet50_proj_size_128.pt or biovil_t_image_model_proj_size_128.pt)")
     try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
+        try:
+            # mmap: the tensors stay in the file until the tower copies them, so reading it costs no heap (100 MB
+            # for BioViL that the allocator would keep after the copy); only torch's zip format maps
+            state = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            state = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt, or a pickle that is more than tensors
         raise MedclrError(f"BioViL image weights {str(p)!r}: cannot be read as a state dict ({one_line(exc)})") from exc
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):  # a Lightning checkpoint of ImageModel

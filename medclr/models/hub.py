@@ -85,23 +85,54 @@ def drop_pooler(model: nn.Module) -> nn.Module:
     return model
 
 
+def remote_tokenizer_class(model_dir: Path) -> str | None:
+    """The tokenizer class a folder's ``tokenizer_config.json`` names through ``auto_map`` when transformers does not
+    hold it (code from the model's own repository, e.g. CXR-BERT's ``CXRBertTokenizer``), else None."""
+    import transformers
+
+    try:
+        raw = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    auto = raw.get("auto_map") if isinstance(raw, dict) else None
+    auto = auto.get("AutoTokenizer") if isinstance(auto, dict) else None
+    if not auto:
+        return None
+    # an entry reads "module.Class" or, as saved from the hub, "org/repo--module.Class"
+    name = raw.get("tokenizer_class") or str(auto[0] if isinstance(auto, list) else auto).rsplit(".", 1)[-1]
+    return None if hasattr(transformers, str(name)) else str(name)
+
+
 def load_tokenizer(model_dir: Path, trust_remote_code: bool, bert_fallback: bool = False):
     from transformers import AutoTokenizer, BertTokenizerFast
 
+    model_dir = Path(model_dir)
+    remote = None if trust_remote_code else remote_tokenizer_class(model_dir)
+    if remote is not None:
+        # Asked for it, AutoTokenizer refuses with the hub's words ("You can inspect the repository content at
+        # https://hf.co/..."), which read wrong for a local folder: say what the folder holds instead.
+        if not (bert_fallback and (model_dir / "vocab.txt").is_file()):
+            raise MedclrError(f"text model {str(model_dir)!r}: its tokenizer_config.json names {remote}, code from the "
+                              "model's own repository; pass trust_remote_code (--trust-remote-code) only if you trust it")
+        log.info("text tokenizer: %s names %s, code of the model's repository that medclr does not run; its vocab.txt "
+                 "is read as the BERT WordPiece tokenizer that class is", model_dir / "tokenizer_config.json", remote)
+        return _bert_from_vocab(model_dir, BertTokenizerFast)
     try:
         with quiet_transformers():  # it warns that e.g. a "cxr-bert" config is not a tokenizer config
             return AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        # CXR-BERT's tokenizer_config names a remote CXRBertTokenizer, which is a plain BertTokenizer:
-        # build that from vocab.txt instead of running remote code.
         vocab = model_dir / "vocab.txt"
         if not (bert_fallback and vocab.is_file()):
             raise MedclrError(f"text model {str(model_dir)!r}: tokenizer cannot be loaded ({one_line(exc)})") from exc
-        log.info("text tokenizer: AutoTokenizer refused %s (%s); loading vocab.txt as a BERT tokenizer",
-                 model_dir, one_line(exc))
-        try:
-            with quiet_transformers():
-                # the concrete class ignores tokenizer_config's auto_map, so nothing remote runs
-                return BertTokenizerFast.from_pretrained(model_dir, local_files_only=True)
-        except (OSError, ValueError) as exc2:
-            raise MedclrError(f"text model {str(model_dir)!r}: tokenizer cannot be loaded ({one_line(exc2)})") from exc2
+        log.info("text tokenizer: transformers could not read the tokenizer of %s (%s); reading its vocab.txt as a "
+                 "BERT tokenizer", model_dir, one_line(exc))
+        return _bert_from_vocab(model_dir, BertTokenizerFast)
+
+
+def _bert_from_vocab(model_dir: Path, bert_tokenizer):
+    try:
+        with quiet_transformers():
+            # the concrete class ignores tokenizer_config's auto_map, so nothing remote runs
+            return bert_tokenizer.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise MedclrError(f"text model {str(model_dir)!r}: tokenizer cannot be loaded ({one_line(exc)})") from exc
