@@ -17,29 +17,17 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_published import WORDS, _biovil_file
+from tests.test_published import _biovil_file, write_cxr_bert
 
 SENTENCES = ["No pleural effusion.", "Small left pneumothorax", "heart size is normal", "lungs are clear."]
 
 
 @pytest.fixture(scope="module")
 def cxr_bert_hub_layout(tmp_path_factory):
-    """A CXR-BERT folder as a hub snapshot of microsoft/BiomedVLP-CXR-BERT-specialized holds it (random weights,
-    projection 32 wide)."""
-    from health_multimodal.text.model import CXRBertConfig, CXRBertModel
-
+    """A CXR-BERT folder as a hub snapshot of microsoft/BiomedVLP-CXR-BERT-specialized holds it: its auto_map
+    names the repository, which is what made transformers print a hub address for a local folder."""
     folder = tmp_path_factory.mktemp("cxrbert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, ".", ","]
-    vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + list("abcdefghijklmnopqrstuvwxyz")
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(3)
-    config = CXRBertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=128, projection_size=32, max_position_embeddings=64)
-    CXRBertModel(config).eval().save_pretrained(folder)
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "do_lower_case": True, "model_max_length": 512, "tokenizer_class": "CXRBertTokenizer",
-        "auto_map": {"AutoTokenizer": ["microsoft/BiomedVLP-CXR-BERT-specialized--tokenization_cxrbert.CXRBertTokenizer",
-                                       None]}}))
+    write_cxr_bert(folder, "microsoft/BiomedVLP-CXR-BERT-specialized--tokenization_cxrbert.CXRBertTokenizer", 512)
     return folder
 
 

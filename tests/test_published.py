@@ -93,11 +93,10 @@ def test_train_config_takes_biovil_weights(tmp_path):
         load_config("infonce", [f"model.image_weights={tmp_path / 'missing.pt'}", *run])
 
 
-@pytest.fixture(scope="module")
-def cxr_bert_dir(tmp_path_factory):
-    """A CXR-BERT folder as published (random weights): hi-ml's CXRBertModel.save_pretrained, vocab.txt and a
-    tokenizer_config that names the repository's own CXRBertTokenizer."""
-    folder = tmp_path_factory.mktemp("cxr_bert")
+def write_cxr_bert(folder, auto_tokenizer: str, max_length: int = 64):
+    """A CXR-BERT folder as published (random weights, projection 32 wide): hi-ml's CXRBertModel.save_pretrained,
+    vocab.txt and a tokenizer_config that names the repository's own CXRBertTokenizer (``auto_tokenizer``: its
+    auto_map entry, which differs between a clone and a hub snapshot)."""
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, ".", ","]
     vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + list("abcdefghijklmnopqrstuvwxyz")
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -107,8 +106,15 @@ def cxr_bert_dir(tmp_path_factory):
     model = CXRBertModel(config).eval()
     model.save_pretrained(folder)
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "do_lower_case": True, "model_max_length": 64, "tokenizer_class": "CXRBertTokenizer",
-        "auto_map": {"AutoTokenizer": ["tokenization_cxrbert.CXRBertTokenizer", None]}}))
+        "do_lower_case": True, "model_max_length": max_length, "tokenizer_class": "CXRBertTokenizer",
+        "auto_map": {"AutoTokenizer": [auto_tokenizer, None]}}))
+    return model
+
+
+@pytest.fixture(scope="module")
+def cxr_bert_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cxr_bert")
+    model = write_cxr_bert(folder, "tokenization_cxrbert.CXRBertTokenizer")
     assert json.loads((folder / "config.json").read_text())["model_type"] == "cxr-bert"
     return folder, model
 
