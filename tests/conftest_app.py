@@ -121,6 +121,28 @@ def _draw_cxr(rng: np.random.Generator, size: int = 96) -> np.ndarray:
     return (np.clip(img, 0, 1) * 255).astype(np.uint8)
 
 
+def synthetic_test_manifest(base: Path, n: int, seed: int, prefix: str) -> Path:
+    """``n`` drawn 64 px films (test split, one study and subject each, two of SENTENCES as the report) under
+    ``base/images``, written as ``base/manifest.parquet``."""
+    import pandas as pd
+    from PIL import Image
+
+    from medclr.data.manifest import write_manifest
+
+    images = base / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        rel = f"{prefix}{i:03d}.png"
+        Image.fromarray(_draw_cxr(rng, 64)).save(images / rel)
+        sents = [SENTENCES[i % len(SENTENCES)], SENTENCES[(i * 7 + 2) % len(SENTENCES)]]
+        rows.append({"subject_id": f"2{i:03d}", "study_id": f"6{i:04d}", "dicom_id": f"{prefix}{i}", "image_path": rel,
+                     "view": "PA", "split": "test", "report": " ".join(sents), "text": " ".join(sents),
+                     "sentences": sents})
+    return write_manifest(pd.DataFrame(rows), base / "manifest.parquet", images)
+
+
 @functools.cache
 def build_assets(root: str) -> dict[str, Path]:
     """{'text': LM dir, 'checkpoint': ckpt dir, 'other_checkpoint': a second model, 'manifest': parquet,
@@ -238,10 +260,6 @@ def build_wide_index(root: str) -> dict[str, Path]:
     films, wide enough that a text search's candidates for k = 8 (100) are fewer than for k = 24 (240)."""
     import dataclasses
 
-    import pandas as pd
-    from PIL import Image
-
-    from medclr.data.manifest import write_manifest
     from medclr.index import build_index
     from medclr.inference import load_checkpoint, read_metadata, write_metadata
     from medclr.prompts import CHEX5
@@ -250,18 +268,7 @@ def build_wide_index(root: str) -> dict[str, Path]:
     out = {"checkpoint": base / "checkpoint", "index": base / "index"}
     if (out["index"] / "index_manifest.json").is_file():
         return out
-    images = base / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(1)
-    rows = []
-    for i in range(WIDE_STUDIES):
-        rel = f"w{i:03d}.png"
-        Image.fromarray(_draw_cxr(rng, 64)).save(images / rel)
-        sents = [SENTENCES[i % len(SENTENCES)], SENTENCES[(i * 7 + 2) % len(SENTENCES)]]
-        rows.append({"subject_id": f"2{i:03d}", "study_id": f"6{i:04d}", "dicom_id": f"w{i}", "image_path": rel,
-                     "view": "PA", "split": "test", "report": " ".join(sents), "text": " ".join(sents),
-                     "sentences": sents})
-    manifest = write_manifest(pd.DataFrame(rows), base / "manifest.parquet", images)
+    manifest = synthetic_test_manifest(base, WIDE_STUDIES, seed=1, prefix="w")
     make_checkpoint(out["checkpoint"], build_text_model(root), seed=2, image_size=64)
     write_metadata(out["checkpoint"], dataclasses.replace(read_metadata(out["checkpoint"]),
                                                           findings=findings_record(CHEX5)))

@@ -16,13 +16,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from medclr.index import MANIFEST_NAME, add_to_index, build_index, load_index
 from medclr.index.store import CELL_IDS_NAME, CELLS_NAME, rerank_pool
-from tests.conftest_app import SENTENCES, _draw_cxr, build_text_model
+from tests.conftest_app import SENTENCES, _draw_cxr, build_text_model, synthetic_test_manifest
 
 N_IMAGES = 30
 QUERIES = SENTENCES[:6] + ["small left pleural effusion", "right pneumothorax"]
@@ -47,24 +46,9 @@ def _checkpoint(out: Path, text_dir: Path, head: str) -> Path:
 
 @functools.cache
 def _assets(root: str) -> dict[str, Path]:
-    from PIL import Image
-
-    from medclr.data.manifest import write_manifest
-
     base = Path(root) / "head_assets"
-    images = base / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(7)
-    rows = []
-    for i in range(N_IMAGES):
-        rel = f"i{i:02d}.png"
-        Image.fromarray(_draw_cxr(rng, 64)).save(images / rel)
-        sents = [SENTENCES[i % len(SENTENCES)], SENTENCES[(i * 7 + 2) % len(SENTENCES)]]
-        rows.append({"subject_id": f"2{i:03d}", "study_id": f"6{i:04d}", "dicom_id": f"e{i}", "image_path": rel,
-                     "view": "PA", "split": "test", "report": " ".join(sents), "text": " ".join(sents),
-                     "sentences": sents})
     text = build_text_model(root)
-    return {"manifest": write_manifest(pd.DataFrame(rows), base / "manifest.parquet", images),
+    return {"manifest": synthetic_test_manifest(base, N_IMAGES, seed=7, prefix="i"),
             "lse_nl": _checkpoint(base / "ckpt_lse", text, "lse_nl"),
             "cosine": _checkpoint(base / "ckpt_cos", text, "cosine"), "base": base}
 
