@@ -632,3 +632,28 @@ def significant(value: float | None, digits: int = 3) -> float | None:
     if value is None or not math.isfinite(float(value)):
         return None
     return float(f"{float(value):.{digits}g}")
+
+
+def model_line(engine) -> str:
+    """The first screen's line naming the model served: a shipped model by its name, a trained checkpoint by its
+    folder's name (never the whole path, which may name a person), its training steps, and which CheX5 findings its
+    validation record says it reads."""
+    from medclr import pretrained
+
+    folder = engine.checkpoint_dir
+    meta = engine.meta
+    if folder is None:
+        what = "an unsaved model"
+    elif (folder / pretrained.MODEL_JSON).is_file():
+        what = f"the shipped model **{folder.name}**"
+    else:
+        what = f"the checkpoint **{folder.name}**"
+    steps = f", {meta.step:,} training steps" if meta is not None and meta.step else ""
+    record = (meta.findings or {}).get("classes") if meta is not None else None
+    if not record:
+        reads = "; its findings are not validated"
+    else:
+        read = [name for name, entry in record.items() if entry.get("reads")]
+        reads = f"; reads {len(read)} of {len(record)} findings on its validation split" + (
+            f" ({', '.join(read)})" if read else "")
+    return f"Serving {what}{steps}{reads}."

@@ -48,7 +48,7 @@ tempdir.private_temp_dir()  # sets GRADIO_TEMP_DIR before gradio is imported
 import gradio as gr  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 
-from medclr.app.service import MAX_RESULTS, MAX_TEXT_CHARS, AppService, check_text  # noqa: E402
+from medclr.app.service import MAX_RESULTS, MAX_TEXT_CHARS, AppService, check_text, model_line  # noqa: E402
 from medclr.errors import MedclrError  # noqa: E402
 
 log = logging.getLogger("medclr.app")
@@ -229,6 +229,7 @@ def build_blocks(service: AppService) -> gr.Blocks:
 
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
         gr.Markdown(INTRO)
+        gr.Markdown(model_line(service.engine), elem_id="model_line")
         # which request answered last, and when: an answer equal to the one before changes nothing else on the page
         status = gr.HTML(elem_id="status")
         with gr.Row(equal_height=False):

@@ -55,6 +55,9 @@ def test_upload_in_the_real_page_shows_findings_and_heatmap(browser, served, tmp
     # the preview appears once the upload is read (DICOM rendered, MONOCHROME1 inverted)
     browser.wait_for("const i = document.querySelector('#preview img'); return i && i.naturalWidth > 0;",
                      what="the preview image")
+    # the first screen names the model it serves (here a trained checkpoint, by its folder's name only)
+    assert browser.js("return document.querySelector('#model_line').innerText;").startswith(
+        "Serving the checkpoint checkpoint")
     facts = browser.js("return document.querySelector('#facts').innerText;")
     assert "1841 x 1955" in facts and "MONOCHROME1" in facts
     # the upload control is a button: the file's name is neither shown nor anywhere in the page's markup

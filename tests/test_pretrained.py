@@ -252,3 +252,13 @@ def test_demo_serves_a_shipped_model_without_training(env, tmp_path):
                            timeout=120)
     assert wrong.returncode == 1 and wrong.stderr.strip().endswith(
         "--preset cpu_small is a training preset: add --train to train with it")
+
+
+def test_the_app_names_the_shipped_model_it_serves(env):
+    """The app's first line: a shipped model by its name, with the findings its validation record says it reads."""
+    import medclr
+    from medclr.app.service import model_line
+
+    line = model_line(medclr.load("tiny"))
+    assert line.startswith("Serving the shipped model **tiny**") and str(env["root"]) not in line
+    assert model_line(medclr.load(env["checkpoint"])).startswith("Serving the checkpoint **ckpt**")
