@@ -20,6 +20,7 @@ Folder swaps (a checkpoint step, the index's data folder) rename whole folders w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -44,6 +45,15 @@ def read_json_object(path: str | os.PathLike) -> dict:
     if not isinstance(data, dict):
         raise MedclrError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in 4 MiB pieces (weights files are hundreds of MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:

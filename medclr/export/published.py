@@ -12,7 +12,6 @@ the uncalibrated zero-shot probability, "not validated", as for any checkpoint w
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 
 from medclr.errors import MedclrError
-from medclr.files import refuse_foreign, write_text
+from medclr.files import file_sha256, refuse_foreign, write_text
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +37,9 @@ def is_import(folder: Path) -> bool:
         return False
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _text_files(folder: Path) -> dict[str, str]:
     """SHA-256 of the text folder's files (weights, config, vocabulary), by name."""
-    return {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    return {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 def _cxr_bert_head_size(folder: Path) -> int:
@@ -116,7 +107,7 @@ def import_biovil(image_weights: str | os.PathLike, text: str | os.PathLike, out
         raise MedclrError(f"--text {text_dir}: its projection head could not be used")
     model.eval()
     record = {"format": IMPORT_FORMAT, "kind": kind, "image_weights": str(image_path.resolve()),
-              "image_weights_sha256": _sha256(image_path), "text": str(text_dir.resolve()),
+              "image_weights_sha256": file_sha256(image_path), "text": str(text_dir.resolve()),
               "text_files_sha256": _text_files(text_dir)}
     with _staging(target) as folder:
         model.save_pretrained(folder)

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from medclr.errors import MedclrError
-from medclr.files import check_free_space, refuse_foreign, write_text
+from medclr.files import check_free_space, file_sha256, refuse_foreign, write_text
 from medclr.index.vectors import EXACT_MAX, VectorIndex, choose_kind, normalized
 
 log = logging.getLogger(__name__)
@@ -72,14 +72,6 @@ def _head(engine):
 
 def head_kind(engine) -> str:
     return getattr(_head(engine), "kind", "cosine")
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _now() -> str:
@@ -247,7 +239,7 @@ def check_files(d: Path, meta: dict[str, Any], hashes: bool = True) -> None:
     for name, rec in (meta.get("files") or {}).items():
         path = d / meta["data"] / name
         size = path.stat().st_size if path.is_file() else None
-        if size != rec["size"] or (hashes and _file_sha256(path) != rec["sha256"]):
+        if size != rec["size"] or (hashes and file_sha256(path) != rec["sha256"]):
             what = "missing" if size is None else ("of another size" if size != rec["size"] else "changed since it was written")
             raise MedclrError(f"index {str(d)!r}: {meta['data']}/{name} is {what} (the index manifest records "
                               f"{rec['size']} bytes and their SHA-256); rebuild it with `medclr index build`")
@@ -402,7 +394,7 @@ def _write_version(directory: Path, meta: dict[str, Any], images: VectorIndex, s
     for f in sorted(tmp.iterdir()):  # durable before the switch; sizes and hashes for the readers
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
-        files[f.name] = {"size": f.stat().st_size, "sha256": _file_sha256(f)}
+        files[f.name] = {"size": f.stat().st_size, "sha256": file_sha256(f)}
     os.replace(tmp, directory / name)
     meta = dict(meta, format=FORMAT, data=name, updated=_now(), files=files)  # an /1 index added to becomes /2
     write_text(directory / MANIFEST_NAME, json.dumps(meta, indent=2, sort_keys=True))
@@ -545,7 +537,7 @@ def _extend_to(engine, cur: RetrievalIndex, manifest, out: Path, kind: str, exac
     all_err = pd.concat([cur.errors, err], ignore_index=True) if len(cur.errors) else err
     if errors:
         log.warning("index: %d image(s) could not be read and were skipped, e.g. %s", len(errors), errors[0][1])
-    sources.append({"manifest": str(manifest.resolve()), "sha256": _file_sha256(manifest), "rows_added": len(rows),
+    sources.append({"manifest": str(manifest.resolve()), "sha256": file_sha256(manifest), "rows_added": len(rows),
                     "images_added": int(ok.sum()), "errors": len(errors), "splits": splits, "added": _now()})
     meta = dict(cur.meta, sources=sources, model=engine.describe(), dim=engine.joint_dim,
                 kind={"images": k_img, "sentences": k_sen, "requested": kind, "exact_max": exact_max},

@@ -11,13 +11,13 @@ imports it).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import torch
 
 from medclr.errors import MedclrError
+from medclr.files import file_sha256
 from medclr.models.dual import WEIGHTS_NAME
 
 # loss_state.safetensors: per-sample tables (u, zeta) are indexed by the row's position in the training
@@ -36,11 +36,7 @@ DEFAULT_TAU = 1.0 / 14.0  # the paper initialises the hypersphere radius at sqrt
 
 def weights_sha256(directory: str | os.PathLike) -> str:
     """SHA-256 of the checkpoint's ``model.safetensors`` (identifies the model an index was built from)."""
-    h = hashlib.sha256()
-    with open(Path(directory) / WEIGHTS_NAME, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_sha256(Path(directory) / WEIGHTS_NAME)
 
 
 def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:

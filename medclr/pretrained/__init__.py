@@ -20,14 +20,13 @@ the packer, which loads checkpoints, lives in ``medclr.export`` (no two parts im
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from medclr.errors import MedclrError
-from medclr.files import read_json_object, write_text
+from medclr.files import file_sha256, read_json_object, write_text
 
 ROOT_ENV = "MEDCLR_PRETRAINED_DIR"
 MODEL_JSON = "model.json"
@@ -72,14 +71,6 @@ def _files(folder: Path) -> list[str]:
 def folder_size(folder: str | os.PathLike) -> int:
     """Bytes of every file under ``folder``."""
     return sum((Path(folder) / f).stat().st_size for f in _files(Path(folder)))
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_sums(folder: str | os.PathLike) -> Path:
