@@ -17,6 +17,6 @@ def test_fixed_step_presets_checkpoint_every_tenth_and_keep_two():
         cfg = load_config("infonce", ["data.manifest=m", "out=o", f"preset={preset}"])
         if cfg["train"]["max_steps"]:  # paper and none run by epochs: their steps follow the data
             cadence[preset] = (cfg["train"]["max_steps"], cfg["ckpt"]["every"], cfg["ckpt"]["keep_last"])
-    assert sorted(cadence) == ["cpu_small", "cpu_zeroshot", "gpu_small"]
+    assert sorted(cadence) == ["cpu_small", "cpu_zeroshot", "gpu_small", "reference"]
     for preset, (steps, every, keep) in cadence.items():
         assert 0 < every <= steps / 10 and keep >= 2, (preset, steps, every, keep)

@@ -179,25 +179,33 @@ def score_manifest(
     with progress_bar(total=len(todo), unit="sent", desc="PLL", enabled=progress) as bar:
         for b0 in range(0, len(todo), max(1, block)):
             rows = todo[b0 : b0 + block]
+            reported = 0
 
             def scored(idx, pll, n_tokens, n_scored, rows=rows):
                 # called after every forward pass, so the clock is checked inside a block too: a block of long
                 # sentences (a large --max-pieces) runs for minutes, and a kill must not lose more than
                 # save_every_s of finished sentences
-                nonlocal last_save, pending
+                nonlocal last_save, pending, reported
                 r = rows[idx]
                 known.loc[r, "pll"] = pll
                 known.loc[r, "n_tokens"] = n_tokens
                 known.loc[r, "n_scored"] = n_scored
                 bar.update(len(r))
                 pending -= len(r)
+                reported += len(r)
                 if pending and time.monotonic() - last_save >= save_every_s:
                     write(known)
                     last_save = time.monotonic()
 
-            score_sentences(known["sentence"].to_numpy()[rows].tolist(), model, tokenizer, batch_size,
-                            word_l2r=word_l2r, long=long, max_batch_tokens=max_batch_tokens, device=device,
-                            progress=False, max_pieces=max_pieces, on_scored=scored)
+            res = score_sentences(known["sentence"].to_numpy()[rows].tolist(), model, tokenizer, batch_size,
+                                  word_l2r=word_l2r, long=long, max_batch_tokens=max_batch_tokens, device=device,
+                                  progress=False, max_pieces=max_pieces, on_scored=scored)
+            # the returned values are the block's record; on_scored only made the interim saves possible
+            known.loc[rows, "pll"] = res.pll
+            known.loc[rows, "n_tokens"] = res.n_tokens
+            known.loc[rows, "n_scored"] = res.n_scored
+            bar.update(len(rows) - reported)
+            pending -= len(rows) - reported
     table, n_clip, params = write(known)
     fit = params["fit"]
     if "error" not in fit:
