@@ -82,7 +82,7 @@ def fit_findings(margins: np.ndarray, labels: np.ndarray, classes: Sequence[str]
                          threshold=youden_threshold(x, y))
             entry.update(reads=bool(auc >= min_auc and math.isfinite(lo) and lo > 0.5), reason=None)
             if not entry["reads"]:
-                entry["reason"] = _reason(name, auc, lo, min_auc)
+                entry["reason"] = _reason(name, auc, lo, hi, min_auc)
         per[name] = entry
     return {"min_auc": float(min_auc), "split": split, "labels": label_source, "prompts": "paper",
             "n_boot": int(n_boot), "classes": per}
@@ -115,9 +115,9 @@ def finding_named(phrase: str, classes: Sequence[str]) -> str | None:
     return next(iter(named)) if len(named) == 1 else None
 
 
-def _reason(name: str, auc: float, lo: float, min_auc: float) -> str:
+def _reason(name: str, auc: float, lo: float, hi: float, min_auc: float) -> str:
     what = f"this model does not reliably read {name.lower()}: validation AUC {auc:.2f}"
-    if auc < 0.5:
+    if hi < 0.5:  # the whole CI below chance; an AUC of 0.47 with a CI across 0.5 is chance, not a reversal
         return what + " (it ranks these images opposite to the finding)"
     if auc < min_auc:
         return what + f" (below {min_auc:.2f})"

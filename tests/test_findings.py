@@ -64,6 +64,8 @@ def test_a_read_finding_a_flipped_one_and_a_chance_one():
     assert "does not reliably read pneumothorax: validation AUC 0.0" in c["Pneumothorax"]["reason"]
     assert "opposite" in c["Pneumothorax"]["reason"]
     assert not c["Edema"]["reads"] and 0.35 < c["Edema"]["auc"] < 0.65
+    # chance is "below 0.70", never a reversal: "opposite" needs the whole CI below 0.5
+    assert c["Edema"]["reason"].endswith("(below 0.70)") and c["Edema"]["auc_ci"][1] > 0.5
     lo, hi = c["Cardiomegaly"]["auc_ci"]
     assert lo < c["Cardiomegaly"]["auc"] < hi
     # a read finding: the Platt probability; an unread one: NaN and its reason
