@@ -23,8 +23,9 @@ def test_readme_python_example_runs_as_written(app_assets, index_dir, tmp_path, 
     assert len(blocks) == 1, "the README has one Python example"
     demo = tmp_path / ".cache" / "medclr" / "demo"
     demo.mkdir(parents=True)
+    (demo / "index").mkdir()  # one index per served model: the trained checkpoint's is index/checkpoint
     for name, target in (("checkpoint", app_assets["checkpoint"]), ("manifest.parquet", app_assets["manifest"]),
-                         ("index", index_dir)):
+                         ("index/checkpoint", index_dir)):
         (demo / name).symlink_to(target)
     monkeypatch.setenv("HOME", str(tmp_path))
     out = io.StringIO()
