@@ -50,6 +50,21 @@ class Step:
     argv: list[str]
     output: Path
 
+    def done(self) -> bool:
+        if self.command == "train":
+            return training_finished(self.output.parent)
+        return self.output.exists()
+
+
+def training_finished(out: Path) -> bool:
+    """A training is done when it reached its total steps: every checkpoint publishes its weights at OUT's top,
+    so the weights alone mean only that some step was saved."""
+    state = out / "trainer_state.json"
+    if not state.is_file():
+        return False
+    record = json.loads(state.read_text())
+    return record.get("step") is not None and record.get("step") == record.get("total_steps")
+
 
 def served_model(args: argparse.Namespace) -> str:
     """The checkpoint the app serves: WORKDIR/checkpoint when training, else the shipped model asked for (``--model``,
@@ -221,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     steps = plan(work, args)
     for number, step in enumerate(steps, 1):
         label = f"[{number}/{len(steps)}] {step.name}"
-        if step.output.exists():
+        if step.done():
             print(f"{label}: cached ({step.output})")
             continue
         if not is_built(step.command):

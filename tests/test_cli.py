@@ -162,3 +162,23 @@ def test_a_full_disk_is_one_line_for_every_command(monkeypatch, capsys):
     assert main(["label", "--manifest", "m.parquet", "--out", "o.parquet"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no space left on the disk while writing /data/out/manifest.parquet" in err[0]
+
+
+def test_demo_resumes_a_training_stopped_part_way(tmp_path):
+    """Every checkpoint publishes its weights at OUT's top, so they do not mean the training is done: a run stopped at
+    step 200 of 3,000 is resumed (--resume), and only a run at its total steps counts as cached."""
+    import argparse
+    import json
+
+    from medclr.jobs.demo import plan
+
+    args = argparse.Namespace(preset="reference", n=10, seed=0, eval_per_class=1, train=True)
+    out = tmp_path / "checkpoint"
+    (out / "checkpoints" / "step-0000200").mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(b"weights of step 200")
+    state = out / "trainer_state.json"
+    state.write_text(json.dumps({"step": 200, "total_steps": 3000}))
+    train = next(s for s in plan(tmp_path, args) if s.command == "train")
+    assert "--resume" in train.argv and not train.done()
+    state.write_text(json.dumps({"step": 3000, "total_steps": 3000}))
+    assert train.done()
