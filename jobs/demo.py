@@ -118,7 +118,8 @@ def _data_steps(work: Path, args: argparse.Namespace) -> list[Step]:
     return [
         Step("generate CXR-Phantom", "phantom",
              ["phantom", "--out", str(phantom), "--n", str(args.n), "--seed", str(args.seed), "--source", "both",
-              "--eval-per-class", str(args.eval_per_class)],
+              "--eval-per-class", str(args.eval_per_class),
+              *([] if args.eval_normal is None else ["--eval-normal", str(args.eval_normal)])],
              phantom / "mimic-cxr-2.0.0-metadata.csv.gz"),
         Step("read it into a manifest", "prepare",
              ["prepare", "--mimic", str(phantom), "--views", "all", "--mscxr",
@@ -205,6 +206,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="phantom pool studies to generate, split train/validate (default: 3000)")
     parser.add_argument("--eval-per-class", type=int, default=EVAL_PER_CLASS,
                         help=f"evaluation-set studies per CheX5 class (the test split; default: {EVAL_PER_CLASS})")
+    parser.add_argument("--eval-normal", type=int, default=None,
+                        help="normal studies (no finding) in the test split (default: a fifth of --eval-per-class)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the phantom data set (default 0)")
     parser.add_argument("--model", default=None, metavar="NAME",
                         help="the shipped model to serve (default: the reference model; `medclr models` lists them)")

@@ -88,7 +88,7 @@ def test_demo_trains_the_preset_the_machine_can_afford(monkeypatch):
 
     from medclr.jobs.demo import plan, preset
 
-    args = argparse.Namespace(preset="auto", n=10, seed=0, eval_per_class=1)
+    args = argparse.Namespace(preset="auto", n=10, seed=0, eval_per_class=1, eval_normal=None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert preset(args) == "cpu_small"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -172,7 +172,7 @@ def test_demo_resumes_a_training_stopped_part_way(tmp_path):
 
     from medclr.jobs.demo import plan
 
-    args = argparse.Namespace(preset="reference", n=10, seed=0, eval_per_class=1, train=True)
+    args = argparse.Namespace(preset="reference", n=10, seed=0, eval_per_class=1, eval_normal=None, train=True)
     out = tmp_path / "checkpoint"
     (out / "checkpoints" / "step-0000200").mkdir(parents=True)
     (out / "model.safetensors").write_bytes(b"weights of step 200")

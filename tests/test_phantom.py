@@ -24,8 +24,8 @@ from medclr.phantom.textmatch import mention_state, sentence_side
 from medclr.phantom.writer import CHEXPERT_COLUMNS, METADATA_COLUMNS, MSCXR_COLUMNS, SPLIT_COLUMNS
 
 N, SIZE, EVAL_K, VAL_K = 24, 128, 3, 2
-N_ALL = N + 5 * EVAL_K + 3 + 5 * VAL_K  # the pool, EVAL_K per CheX5 class and 1 per other grounding category, VAL_K
-#                                         balanced validation studies per CheX5 class
+N_ALL = N + 5 * EVAL_K + 3 + 1 + 5 * VAL_K  # the pool, EVAL_K per CheX5 class, 1 per other grounding category and
+#                                             1 normal study, VAL_K balanced validation studies per CheX5 class
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +83,18 @@ def test_eval_sets_are_class_balanced_and_subject_disjoint(phantom):
     gt = read_ground_truth(phantom)
     df = read_mimic_cxr_jpg(phantom, views=None).merge(gt[["dicom_id", "eval_target"]], on="dicom_id")
     ev = df[(df["eval_target"] != "") & (df["split"] == "test")]
-    assert len(ev) == 5 * EVAL_K + 3 and (ev["split"] == "test").all()
+    assert len(ev) == 5 * EVAL_K + 3 + 1 and (ev["split"] == "test").all()
     assert not set(ev["subject_id"]) & set(df.loc[df["eval_target"] == "", "subject_id"])
     for label in CHEX5:
         pos = ev[label] == 1.0
         assert pos.sum() == EVAL_K  # single-positive: only the studies drawn for this class
         assert (ev[label] == 0.0).sum() >= 4 * EVAL_K - 3  # others are negated (pneumonia may stay unmentioned)
     summary = __import__("json").loads((phantom / "phantom.json").read_text())
-    assert summary["test_chex5"]["Edema"]["positive"] >= EVAL_K and summary["eval_studies"] == 5 * EVAL_K + 3
+    assert summary["test_chex5"]["Edema"]["positive"] >= EVAL_K and summary["eval_studies"] == 5 * EVAL_K + 3 + 1
+    normal = ev[ev["eval_target"] == "normal"]
+    assert len(normal) == summary["eval_normal"] == 1 and (normal["No Finding"] == 1.0).all()
+    assert not (normal[list(CHEX5)] == 1.0).any(axis=None)
+    assert (gt.loc[gt["eval_target"] == "normal", "n_findings"] == 0).all()
     ms = read_mscxr(phantom / "MS_CXR_Local_Alignment_v1.1.0.csv")
     assert set(ms["category_name"]) == set(V.MSCXR_OF.values())  # all 8 grounding categories
 
@@ -195,6 +199,20 @@ def test_deterministic_and_independent_of_workers(tmp_path, material):
     assert da == db and len(da) > (8 + 8) * 3
     dc = _tree_digest(c)
     assert da["mimic-cxr-2.0.0-metadata.csv.gz"] != dc["mimic-cxr-2.0.0-metadata.csv.gz"]
+
+
+def test_normal_test_studies_leave_every_other_study_as_it_was(tmp_path):
+    """Normal studies are written after every other study: the same phantom without them has the same files for
+    every other study, so test splits measured before they existed are made again with --eval-normal 0."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    generate(a, 8, seed=9, size=64, workers=1, progress=False, eval_per_class=1, val_per_class=1, eval_normal=0)
+    generate(b, 8, seed=9, size=64, workers=1, progress=False, eval_per_class=1, val_per_class=1, eval_normal=2)
+    images = {name: digest for name, digest in _tree_digest(a).items() if name.endswith((".jpg", ".txt"))}
+    with_normals = _tree_digest(b)
+    assert images and all(with_normals.get(name) == digest for name, digest in images.items())
+    gt = read_ground_truth(b)
+    assert len(gt) == len(read_ground_truth(a)) + 2
+    assert list(gt["eval_target"].tail(2)) == ["normal", "normal"] and (gt["split"].tail(2) == "test").all()
 
 
 def test_every_chex5_positive_has_sentence_and_box(phantom):

@@ -81,6 +81,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"evaluation sets (the test split, subjects of their own, on top of N): K single-positive "
                              f"studies per CheX5 class and K/5 per other MS-CXR category (default {EVAL_PER_CLASS}; "
                              "0 = none)")
+    parser.add_argument("--eval-normal", type=int, default=None, metavar="K",
+                        help="normal studies (no finding) in the test split, after the evaluation sets "
+                             "(default: K/5 of --eval-per-class; 0 = none)")
     parser.add_argument("--val-per-class", type=int, default=VAL_PER_CLASS, metavar="K",
                         help=f"balanced validation studies (split validate, subjects of their own, on top of N): K "
                              f"single-positive studies per CheX5 class, on which training calibrates each finding's "
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     summary = generate(args.out, args.n, seed=args.seed, source=args.source, size=args.size, dicom=args.dicom,
                        workers=args.workers, fractions=args.split, quality=args.quality, overwrite=args.overwrite,
                        progress=progress_wanted(args), eval_per_class=args.eval_per_class,
-                       val_per_class=args.val_per_class)
+                       val_per_class=args.val_per_class, eval_normal=args.eval_normal)
     logging.getLogger(__name__).info(
         "wrote %d studies (%s) to %s: %d latent classes, %d MS-CXR boxes in the test split",
         summary["n_total"], ", ".join(f"{k} {v}" for k, v in summary["splits"].items()), args.out, summary["n_classes"],

@@ -30,7 +30,8 @@ from medclr import __version__
 from medclr.errors import MedclrError
 from medclr.phantom import reports as R, vocab as V, writer as W
 from medclr.phantom.material import load_material
-from medclr.phantom.plan import CHEX5_TARGETS, SOURCES, class_model_prob, eval_targets, plan_eval_study, plan_study
+from medclr.phantom.plan import (CHEX5_TARGETS, NORMAL_TARGET, SOURCES, class_model_prob, default_normals, eval_targets,
+                                 plan_eval_study, plan_study)
 from medclr.phantom.renderer import render
 from medclr.progress import progress_bar
 
@@ -192,13 +193,14 @@ def _pool(workers: int, ctx: dict):
 def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, dicom: bool = False,
              workers: int | None = None, fractions: tuple[float, float] = (0.9, 0.1), quality: int = 95,
              overwrite: bool = False, progress: bool | str = "auto", eval_per_class: int = V.EVAL_PER_CLASS,
-             val_per_class: int = V.VAL_PER_CLASS) -> dict:
+             val_per_class: int = V.VAL_PER_CLASS, eval_normal: int | None = None) -> dict:
     """Write a phantom data set to ``out``; returns the summary also saved as phantom.json.
 
     ``n`` pool studies of ``source`` are split by subject into train / validate / test by ``fractions``
     (train, validate; the rest test: none by default). The evaluation sets follow as the test split, on
     subjects of their own (:func:`medclr.phantom.plan.eval_targets`): ``eval_per_class`` single-positive
-    studies per CheX5 class and ``eval_per_class // 5`` per other MS-CXR category (0: none). The validate
+    studies per CheX5 class, ``eval_per_class // 5`` per other MS-CXR category (0: none), then ``eval_normal``
+    studies with no finding (default ``eval_per_class // 5``; written last, so 0 gives the same other studies). The validate
     split gets ``val_per_class`` single-positive studies per CheX5 class on top of its pool share, also on
     subjects of their own: enough positives of every finding for training's per-finding calibration
     (the pool's validate share holds a handful of pneumonias).
@@ -213,6 +215,9 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
         raise MedclrError(f"--split {fractions}: expected train and validate fractions summing to at most 1")
     if not (0 <= int(eval_per_class) <= 100_000):
         raise MedclrError(f"--eval-per-class {eval_per_class}: expected 0..100000")
+    eval_normal = default_normals(int(eval_per_class)) if eval_normal is None else int(eval_normal)
+    if not (0 <= eval_normal <= 100_000):
+        raise MedclrError(f"--eval-normal {eval_normal}: expected 0..100000")
     if not (0 <= int(val_per_class) <= 100_000):
         raise MedclrError(f"--val-per-class {val_per_class}: expected 0..100000")
     if int(eval_per_class) == 0 and fractions[0] + fractions[1] >= 1 - 1e-9:
@@ -235,7 +240,8 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
                                     enabled=progress, leave=False))
         targets = eval_targets(int(eval_per_class))
         eval_keys = list(enumerate(targets)) + [
-            (j, t, "validate") for j, t in enumerate(t for t in CHEX5_TARGETS for _ in range(int(val_per_class)))]
+            (j, t, "validate") for j, t in enumerate(t for t in CHEX5_TARGETS for _ in range(int(val_per_class)))] + [
+            (len(targets) + j, NORMAL_TARGET) for j in range(eval_normal)]
         eval_classes = list(run(_plan_class, eval_keys, max(1, min(64, len(eval_keys) // (4 * workers) or 1))))
         counts = Counter(classes)  # the pool's distribution: what training batches see
         model = {c: class_model_prob(material, source, c) for c in set(classes) | set(eval_classes)}
@@ -276,7 +282,8 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
                "size": int(size), "dicom": bool(dicom), "split_fractions": list(fractions),
                "splits": dict(sorted(tally.splits.items())), "n_total": len(keys),
                "eval_per_class": int(eval_per_class), "val_per_class": int(val_per_class),
-               "eval_studies": len(targets), "val_studies": len(eval_keys) - len(targets),
+               "eval_studies": len(targets) + eval_normal, "eval_normal": eval_normal,
+               "val_studies": len(eval_keys) - len(targets) - eval_normal,
                "n_classes": len(counts), "chex5_positive": dict(tally.chex5), "test_chex5": tally.test_chex5(),
                "mscxr_boxes": writer.n_boxes, "mscxr_boxes_by_category": dict(sorted(tally.boxes.items())),
                "latent_class": "sorted canonical rendered findings, ':side' for lateral findings whose side the "

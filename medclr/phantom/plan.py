@@ -33,6 +33,9 @@ SOURCES = ("openi", "composed", "both")
 # finding. Their random streams are keyed from EVAL_K0 on, far above any study number of the pool.
 CHEX5_TARGETS = ("cardiomegaly", "edema", "pleural_effusion", "pneumonia", "pneumothorax")
 GROUNDING_TARGETS = ("atelectasis", "consolidation", "opacity")
+# Normal studies (no finding at all) close the test split, so the app's checks and its screenshots have a
+# normal film to show; they follow every other evaluation and validation study, leaving those unchanged.
+NORMAL_TARGET = "normal"
 EVAL_K0 = 1 << 40
 # The class-balanced validation studies (split "validate", on subjects of their own) are drawn the same
 # way from streams of their own: what training fits each finding's calibration on, never the test split.
@@ -162,12 +165,16 @@ def _plan_openi(material, seed: int, j: int, rng) -> dict:
 
 
 def _target_cum(material, target: str) -> np.ndarray:
-    """Cumulative CheXpert set probabilities restricted to sets holding ``target`` and no other CheX5 finding."""
+    """Cumulative CheXpert set probabilities restricted to sets holding ``target`` and no other CheX5 finding
+    (for NORMAL_TARGET: the empty set, CheXpert's "No Finding")."""
     t = _composed_tables(material)
     cache = t.setdefault("target_cum", {})
     if target not in cache:
         others = set(CHEX5_TARGETS) - {target}
-        keep = np.array([target in s and not (others & set(s)) for s in material.chex_sets], dtype=np.float64)
+        if target == NORMAL_TARGET:
+            keep = np.array([not s for s in material.chex_sets], dtype=np.float64)
+        else:
+            keep = np.array([target in s and not (others & set(s)) for s in material.chex_sets], dtype=np.float64)
         if not keep.any():
             raise ValueError(f"no CheXpert label set holds {target} alone")
         cum = np.cumsum(material.chex_probs * keep)
@@ -207,15 +214,20 @@ def eval_targets(per_class: int) -> list[str]:
     return [c for c in CHEX5_TARGETS for _ in range(per_class)] + [c for c in GROUNDING_TARGETS for _ in range(other)]
 
 
+def default_normals(per_class: int) -> int:
+    """Normal test studies by default: as many as each other grounding category (``per_class // 5``, at least 1)."""
+    return max(1, per_class // 5) if per_class > 0 else 0
+
+
 def plan_eval_study(material, seed: int, j: int, target: str, split: str = "test") -> dict:
     """Evaluation study ``j`` (``split`` test) or balanced validation study ``j`` (``validate``): a composed
     study whose findings include ``target`` and no other CheX5 finding (redrawn until a sentence states the
-    target). Independent of the pool's size."""
+    target; for NORMAL_TARGET, a study with no finding). Independent of the pool's size."""
     k = (EVAL_K0 if split == "test" else VAL_K0) + int(j)
     for attempt in range(64):
         rng = stream(seed, k, "plan", attempt)
         spec = _plan_composed(material, rng, target)
-        if any(f["name"] == target for f in spec["findings"]):
+        if (not spec["findings"]) if target == NORMAL_TARGET else any(f["name"] == target for f in spec["findings"]):
             break
     else:
         raise ValueError(f"evaluation study {j}: no sentence states {target} after 64 draws")
