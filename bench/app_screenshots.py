@@ -3,8 +3,8 @@
 Not a timing benchmark: it serves the real app (a checkpoint and its index) in this process, drives the page
 in headless Chromium (``medclr.app.browser``, as the browser test does) and, for one film per CheX5 finding
 (the first study of the manifest's test split positive for that finding only, one whose report places it on
-one side where the finding has sides) and a normal one (the first validate study labelled "No Finding": the
-phantom's test split has none), uploads it, presses Analyse and asks for five heatmaps:
+one side where the finding has sides) and a normal one (the first test study labelled "No Finding"; a phantom made
+before its test split had normal studies gives a validate one), uploads it, presses Analyse and asks for five heatmaps:
 
 * ``map``: the true finding's own phrase, on the side its report names;
 * ``negation``: that phrase denied ("no left pleural effusion");
@@ -60,7 +60,9 @@ def films(manifest: str) -> dict[str, tuple[Path, str | None]]:
                 if side:
                     out[c] = (where(row), side)
                     break
-    out["No Finding"] = (where(m[(m["split"] == "validate") & (m["No Finding"] == 1.0)].iloc[0]), None)
+    normal = m[m["No Finding"] == 1.0]
+    tested = normal[normal["split"] == "test"]
+    out["No Finding"] = (where((tested if len(tested) else normal[normal["split"] == "validate"]).iloc[0]), None)
     return out
 
 
