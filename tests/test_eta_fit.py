@@ -293,16 +293,31 @@ def test_score_default_is_the_papers_eta_on_every_row_short_forms_included(fake_
     assert meta["n_clipped"] == summary["clipped"] == int((raw > 0.5).sum())
 
 
-def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
+def _eta_line(caplog) -> str:
+    """The one log line of score_manifest that says which eta the table holds."""
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eta")]
+    assert len(lines) == 1, lines
+    caplog.clear()
+    return lines[0]
+
+
+def test_score_records_fit_and_override_wins(fake_scorer, tmp_path, caplog):
     from medclr.lm.eta import read_eta_table, write_eta_table
     from medclr.lm.eta_fit import fit_eta_meaning
     from medclr.lm.score import score_manifest
 
+    caplog.set_level("INFO", logger="medclr.lm.score")
     manifest, table = _corpus()
     out = tmp_path / "eta.parquet"
     summary = score_manifest(manifest, None, None, out, eta_fit="meaning", progress=False)
     got, meta = read_eta_table(out)
     fit = fit_eta_meaning(_with_short_forms(table), manifest)  # the table's sentences: the short forms too
+    # the log says which eta was written, and the fit's Spearman whether its eta is used or not
+    spearman = (f"the LM's log p against how often the train pairs' meanings occur: Spearman "
+                f"{fit['spearman_logp_target']:.2f} ({fit['n_pairs']} pairs, {fit['n_keys']} meanings)")
+    assert _eta_line(caplog) == (f"eta from the meaning map (--eta-fit meaning, DCL-eta_rule): mean eta "
+                                 f"{fit['mean_eta']:.3g} over the train pairs, their meanings' mean frequency "
+                                 f"{fit['mean_target']:.3g}; {spearman}")
     assert meta["eta_params"] == {"source": "meaning", "fit": fit}  # JSON round trip, exact floats
     assert meta["a"] is None and summary["eta_params"] == "meaning"
     from medclr.lm.eta_fit import eta_of_table
@@ -313,14 +328,20 @@ def test_score_records_fit_and_override_wins(fake_scorer, tmp_path):
     assert read_eta_table(tmp_path / "copy.parquet")[1] == meta
     # given a, k win over the fit (cached PLLs: eta only); the fit stays on record
     score_manifest(manifest, None, None, out, a=0.1, k=0.5, progress=False)
+    assert _eta_line(caplog) == f"eta = min(0.1 * p^0.5, 0.5): the a, k given (--a/--k); {spearman}"
     got, meta = read_eta_table(out)
     assert (meta["a"], meta["k"], meta["eta_params"]["source"]) == (0.1, 0.5, "given")
     assert meta["eta_params"]["fit"] == fit
     np.testing.assert_allclose(got["eta"], np.minimum(0.1 * np.exp(0.5 * got["pll"]), 0.5))
     summary = score_manifest(manifest, None, None, out, progress=False)  # the default: the paper's a, k
+    assert _eta_line(caplog) == f"eta = min(0.2 * p^0.35, 0.5): the paper's a, k (--eta-fit paper); {spearman}"
     got, meta = read_eta_table(out)
     assert (meta["a"], meta["k"], meta["eta_params"]["source"], summary["eta_params"]) == (0.2, 0.35, "paper", "paper")
     assert meta["eta_params"]["fit"] == fit
+    score_manifest(manifest, None, None, out, eta_fit="sentence", progress=False)
+    meta = read_eta_table(out)[1]["eta_params"]
+    assert _eta_line(caplog).startswith(f"eta = min({meta['a']:.3g} * p^{meta['k']:.3g}, 0.5): a, k fitted to how "
+                                        "often the train pairs' meanings occur (--eta-fit sentence); the LM's log p")
     with pytest.raises(MedclrError, match="both a and k"):
         score_manifest(manifest, None, None, out, k=0.5, progress=False)
 

@@ -371,7 +371,7 @@ def test_join_eta_aligns_with_manifest_sentences():
     assert np.isnan(join_eta(manifest.assign(sentences=[["Unseen."], [], []]), table, missing="nan")[0][0])
 
 
-def test_score_cli_caches_and_joins(tiny, tmp_path, capsys):
+def test_score_cli_caches_and_joins(tiny, tmp_path, capsys, caplog):
     from medclr.cli import main
     from medclr.data.manifest import read_manifest
     from medclr.lm.eta import join_eta, read_eta_table
@@ -384,8 +384,12 @@ def test_score_cli_caches_and_joins(tiny, tmp_path, capsys):
     out = tmp_path / "eta.parquet"
     args = ["lm", "score", "--manifest", str(m), "--model", str(tmp_path / "lm"), "--out", str(out), "--no-progress",
             "--device", "cpu"]
+    caplog.set_level("INFO")
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # the log ends on what to run with the table
+    assert caplog.records[-1].getMessage() == (f"next: medclr train --config dcl_lm data.manifest={m} data.eta={out} "
+                                               "out=RUN (docs/training.md)")
     # 5 distinct sentences and 2 short forms ("Pleural effusion.", "Effusion."), all scored
     assert (first["distinct"], first["short_forms"], first["scored"], first["sentences"]) == (5, 2, 5 + 2, 6)
     table, meta = read_eta_table(out)

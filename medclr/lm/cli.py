@@ -286,6 +286,8 @@ def run_score(args: argparse.Namespace) -> int:
                              batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens,
                              max_pieces=args.max_pieces, save_every_s=args.save_every, progress=_progress(args),
                              rescore=args.rescore, overwrite=args.overwrite)
+    log.info("next: medclr train --config dcl_lm data.manifest=%s data.eta=%s out=RUN (docs/training.md)",
+             args.manifest, args.out)
     print(json.dumps(summary))
     return 0
 

@@ -71,6 +71,25 @@ def with_short_forms(current: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([current, add], ignore_index=True)
 
 
+def describe_eta(params: dict, eta_max: float) -> str:
+    """One line for the log: which eta the table holds, and how well the LM's log p follows how often the
+    sentences' meanings occur (the fit ``resolve_eta_params`` makes every time, also when its eta is not used:
+    a weak Spearman says the LM ranks meanings poorly whichever eta is chosen)."""
+    source, fit = params["source"], params["fit"]
+    if source == "meaning":
+        what = (f"eta from the meaning map (--eta-fit meaning, DCL-eta_rule): mean eta {fit['mean_eta']:.3g} over "
+                f"the {fit['split']} pairs, their meanings' mean frequency {fit['mean_target']:.3g}")
+    else:
+        origin = {"paper": "the paper's a, k (--eta-fit paper)", "given": "the a, k given (--a/--k)",
+                  "sentence": f"a, k fitted to how often the {fit.get('split')} pairs' meanings occur "
+                              "(--eta-fit sentence)"}[source]
+        what = f"eta = min({params['a']:.3g} * p^{params['k']:.3g}, {eta_max:g}): {origin}"
+    if "error" in fit:
+        return what
+    return (f"{what}; the LM's log p against how often the {fit['split']} pairs' meanings occur: Spearman "
+            f"{fit['spearman_logp_target']:.2f} ({fit['n_pairs']} pairs, {fit['n_keys']} meanings)")
+
+
 def score_manifest(
     manifest: pd.DataFrame,
     model,
@@ -207,12 +226,7 @@ def score_manifest(
             bar.update(len(rows) - reported)
             pending -= len(rows) - reported
     table, n_clip, params = write(known)
-    fit = params["fit"]
-    if "error" not in fit:
-        log.info("eta (%s fit) against the meaning frequency of the %s rows' pairs: Spearman(log p, frequency) %.2f "
-                 "over %d pairs, %d meanings; mean eta %.3g vs mean frequency %.3g; %s", fit["method"], fit["split"],
-                 fit["spearman_logp_target"], fit["n_pairs"], fit["n_keys"], fit["mean_eta"], fit["mean_target"],
-                 "used" if params["source"] == fit["method"] else f"not used: eta from a, k ({params['source']})")
+    log.info("%s", describe_eta(params, eta_max))
     if n_clip:
         log.warning("%d sentences had eta > eta_max = %g and were clipped", n_clip, eta_max)
     eta = table.loc[table["count"] > 0, "eta"]
