@@ -23,11 +23,11 @@ examples:
 
 --manifest (or --data) is a manifest parquet (from `medclr prepare`; MS-CXR boxes are read from <stem>.mscxr.parquet
 beside it) or a MIMIC-CXR-JPG / CXR-Phantom root (MS_CXR_Local_Alignment_v*.csv inside it).
-Writes OUT/metrics.json, OUT/phrases.csv (per-phrase CNR, mIoU, retrieval ranks), OUT/report.md and
-OUT/figures/*.png. Tasks: zeroshot (CheX5 AUC/ACC, test split labels), grounding (CNR, mIoU per
-MS-CXR category), retrieval (RoIAlign box features vs phrases: R@10/50/100, MedR, Recall), probe
-(logistic regression on train-split embeddings, 1/10/100 % labels; t-SNE by latent class on the
-phantom). The protocol is pinned in docs/evaluation.md.
+Writes OUT/metrics.json, OUT/report.md, OUT/figures/*.png and, when grounding or retrieval ran,
+OUT/phrases.csv (per-phrase CNR, mIoU, retrieval ranks). Tasks: zeroshot (CheX5 AUC/ACC, test split
+labels), grounding (CNR, mIoU per MS-CXR category), retrieval (RoIAlign box features vs phrases:
+R@10/50/100, MedR, Recall), probe (logistic regression on train-split embeddings, 1/10/100 % labels;
+t-SNE by latent class on the phantom). The protocol is pinned in docs/evaluation.md.
 
 several checkpoints (--checkpoint repeated, e.g. one per training seed): each is evaluated alone,
 exactly as above, into OUT/<k>_<checkpoint dir name>/ (k = 1, 2, ...; the last example writes

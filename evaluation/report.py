@@ -93,13 +93,23 @@ def jsonable(x: Any) -> Any:
 # --------------------------------------------------------------------------- markdown
 
 
-def _header_lines(m: dict) -> list[str]:
-    tr, model, pre = m["model"].get("training") or {}, m["model"], m["model"]["preprocess"]
+def mscxr_boxes(m: dict) -> str:
+    """The header's "MS-CXR boxes: ..." for metrics ``m`` (single or pooled): the box file and which phrases,
+    or, when the data had none (``mscxr`` is null), that the phrase tasks could not run."""
+    if not m.get("mscxr"):
+        return ("MS-CXR boxes: none with this data, so grounding and phrase retrieval are not measured (a manifest's "
+                "boxes are read from `<stem>.mscxr.parquet` beside it, a MIMIC root's from its "
+                "`MS_CXR_Local_Alignment_v*.csv`)")
     phrases = (f"those on the evaluated `{m['split']}` images" if m["mscxr_split"] == "auto"
                else f"MS-CXR split `{m['mscxr_split']}`")
+    return f"MS-CXR boxes: `{m['mscxr']}` (phrases: {phrases})"
+
+
+def _header_lines(m: dict) -> list[str]:
+    tr, model, pre = m["model"].get("training") or {}, m["model"], m["model"]["preprocess"]
     lines = ["# medclr evaluation report", "",
              f"- checkpoint: `{m['checkpoint']}`", f"- data: `{m['data']}` (split `{m['split']}`)",
-             f"- MS-CXR boxes: `{m['mscxr']}` (phrases: {phrases})",
+             f"- {mscxr_boxes(m)}",
              f"- model: {model.get('image_arch')}, head `{model['head'].get('type')}`, joint dim {model['joint_dim']}, "
              f"input: shorter side → {pre['resize']} px, centre crop {pre['image_size']} px"]
     if tr:

@@ -93,8 +93,8 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
              max_phrases: int | None = None, mscxr_split: str = "auto", batch_size: int = 32, workers: int = 0,
              device: str = "cpu", n_boot: int = 1000, seed: int = 0, figures: bool = True,
              compare: dict[str, str] | None = None, progress: bool | str = "auto") -> dict:
-    """Run the evaluation and write ``out``/metrics.json, phrases.csv, report.md, figures/*.png (``progress``: the
-    bars, ``medclr.progress``)."""
+    """Run the evaluation and write ``out``/metrics.json, phrases.csv (when a task measured MS-CXR phrases),
+    report.md, figures/*.png (``progress``: the bars, ``medclr.progress``)."""
     from medclr.eval_report import read_summary
     from medclr.evaluation.data import load_eval_data
     from medclr.evaluation.report import jsonable, summary, summary_notes, write_report
@@ -116,11 +116,13 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
                                "failed_images": inp.enc.failed,
                                "notes": list(data.notes) + skipped + _phrase_notes(inp, run)}
     per_phrase = inp.phrases.table[["phrase_id", "dicom_id", "index", "category", "text", "manifest_split"]].copy()
+    measured = False  # whether a task gave per-phrase values: without any, phrases.csv would hold no result
     for t in run:
         metrics[t.name], columns = t.run(inp)
         metrics["notes"] += t.notes(metrics[t.name])
         if columns is not None:
             per_phrase = pd.concat([per_phrase, columns], axis=1)
+            measured = True
     metrics["summary"] = summary(metrics)
     metrics["summary_notes"] = summary_notes(metrics)  # e.g. AUC, ACC "over 4 of 5 classes"
     metrics["compare"] = compared
@@ -128,7 +130,10 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
 
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
-    per_phrase.to_csv(outdir / "phrases.csv", index=False)
+    if measured and len(per_phrase):
+        per_phrase.to_csv(outdir / "phrases.csv", index=False)
+    else:  # one from an earlier run into this --out would pass for this run's
+        (outdir / "phrases.csv").unlink(missing_ok=True)
     write_report(outdir, metrics, inp, per_phrase, figures=figures)
     metrics["timing_s"]["total"] = round(time.perf_counter() - t0, 1)
     (outdir / "metrics.json").write_text(json.dumps(jsonable(metrics), indent=2, allow_nan=False) + "\n")

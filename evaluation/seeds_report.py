@@ -6,7 +6,7 @@ it (with its percentile-bootstrap CI where the single run computes one: zero-sho
 from __future__ import annotations
 
 from medclr.evaluation.markdown import fmt, interval, mean_sd, table
-from medclr.evaluation.report import CAVEAT, TABLE1_TITLE, control_cells, summary_columns, table1
+from medclr.evaluation.report import CAVEAT, TABLE1_TITLE, control_cells, mscxr_boxes, summary_columns, table1
 from medclr.evaluation.tasks import tasks
 
 __all__ = ["mean_sd", "pooled_markdown"]
@@ -31,9 +31,7 @@ def pooled_markdown(m: dict) -> str:
     names = [c["dir"] for c in m["checkpoints"]]
     p = m["pooled"]
     lines = [f"# medclr evaluation report: {m['n_checkpoints']} checkpoints (training seeds), pooled", "",
-             f"- data: `{m['data']}` (split `{m['split']}`); MS-CXR boxes: `{m['mscxr']}` (phrases: "
-             + (f"those on the evaluated `{m['split']}` images" if m["mscxr_split"] == "auto"
-                else f"MS-CXR split `{m['mscxr_split']}`") + ")",
+             f"- data: `{m['data']}` (split `{m['split']}`); {mscxr_boxes(m)}",
              f"- tasks: {', '.join(m['tasks'])}; seed of samples, bootstraps and controls: {m['seed']}",
              "- each checkpoint is evaluated alone, exactly as a single `medclr eval` (its own report, metrics.json, "
              "figures); this page pools them: mean ± sd (sample sd, ddof = 1) over checkpoints, n = checkpoints "

@@ -340,6 +340,17 @@ def test_unavailable_task_and_bad_args(small, tmp_path, capsys):
                        "--out", tmp_path / "o") == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("medclr eval")]  # not tqdm's
     assert len(err) == 1 and "--tasks grounding: not available" in err[0] and "no MS-CXR phrases" in err[0]
+    # without boxes report.md says what that means (not "`None`") and there is no phrases.csv, not even the one an
+    # earlier run with boxes left in the same --out
+    out = tmp_path / "o"
+    assert medclr_main("eval", "--checkpoint", ckpt, "--data", root, "--tasks", "grounding", "--n-boot", 0,
+                       "--no-figures", "--out", out) == 0
+    assert len(pd.read_csv(out / "phrases.csv")) == 16
+    assert medclr_main("eval", "--checkpoint", ckpt, "--data", tmp_path / "bare", "--tasks", "zeroshot", "--n-boot", 0,
+                       "--no-figures", "--out", out) == 0
+    report = (out / "report.md").read_text()
+    assert "- MS-CXR boxes: none with this data, so grounding and phrase retrieval are not measured" in report
+    assert "None" not in report and sorted(p.name for p in out.iterdir()) == ["metrics.json", "report.md"]
     assert medclr_main("eval", "--checkpoint", tmp_path / "nockpt", "--data", root) == 1
     assert "--checkpoint" in capsys.readouterr().err
     with pytest.raises(SystemExit):

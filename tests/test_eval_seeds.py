@@ -237,7 +237,8 @@ def test_one_checkpoint_keeps_the_single_run_layout_and_bad_checkpoint_is_one_li
                        "--tasks", "zeroshot", "--no-figures") == 0
     m = json.loads((tmp_path / "one" / "metrics.json").read_text())
     assert "pooled" not in m and m["checkpoint"] == str(a) and "prompt_cosine" in m["zeroshot"]
-    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["metrics.json", "phrases.csv", "report.md"]
+    # zero-shot measures no MS-CXR phrase: no phrases.csv
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["metrics.json", "report.md"]
     capsys.readouterr()
     assert medclr_main("eval", "--checkpoint", a, "--checkpoint", tmp_path / "nowhere", "--data", root,
                        "--out", tmp_path / "bad") == 1
