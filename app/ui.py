@@ -71,13 +71,25 @@ Upload a radiograph (DICOM, PNG or JPEG) and press **Analyse**. Research softwar
 from a vision-language model, **not a diagnosis**. Patient identifiers in DICOM headers are never read
 out or shown."""
 # Quoted lines are what the model does not read (findings box, retrieval notes): grey, but #4d4d4d on white is
-# 8.5:1 (WCAG AA asks 4.5:1; #8a8a8a was 3.5:1). Gallery captions wrap instead of being cut after one line.
+# 8.5:1 (WCAG AA asks 4.5:1; #8a8a8a was 3.5:1).
+# Result galleries: Gradio lays a caption over its square tile in one line, and scrolls a gallery inside a fixed
+# height. A wrapped caption then lost its start (rank, report number) above the tile, and the second row's
+# captions sat below the gallery's edge. Here a caption wraps under its picture, the gallery grows to show every
+# row, and the enlarged preview keeps its caption between the picture and the strip of thumbnails.
 CSS = """
 #findings .output-class { font-size: 1.1rem; }
 .unread-notes blockquote { color: #4d4d4d; border-left: 3px solid #b0b0b0; margin: 0.3em 0; padding-left: 0.6em; }
 .dark .unread-notes blockquote { color: #c8c8c8; }
-.gallery-box .caption-label, .gallery-box figcaption { white-space: normal !important; overflow: visible !important;
-  text-overflow: clip !important; max-width: none !important; }
+.gallery-box .grid-wrap { max-height: none !important; overflow-y: visible !important; }
+.gallery-box .grid-container { grid-template-rows: none !important; grid-auto-rows: auto !important; }
+.gallery-box .thumbnail-item { aspect-ratio: auto !important; height: auto !important; display: flex !important;
+  flex-direction: column; }
+.gallery-box .thumbnail-item > img { aspect-ratio: 1 / 1; width: 100% !important; height: auto !important; }
+.gallery-box .caption-label { position: static !important; white-space: normal !important; overflow: visible !important;
+  text-overflow: clip !important; max-width: none !important; border: none !important; border-radius: 0 !important; }
+.gallery-box .preview .media-button { height: auto !important; flex: 1 1 0 !important; min-height: 0; }
+.gallery-box .preview .caption { flex: none; margin-bottom: var(--size-14); white-space: normal !important;
+  overflow: visible !important; text-overflow: clip !important; }
 footer { display: none !important; }
 /* the primary button's white text: Gradio's orange #f97316 gives 2.8:1, orange-700 5.2:1 */
 button.primary { background: #c2410c !important; border-color: #c2410c !important; color: #ffffff !important; }
@@ -267,8 +279,7 @@ def build_blocks(service: AppService) -> gr.Blocks:
                 k = gr.Slider(1, MAX_RESULTS, value=8, step=1, label="Number of results", scale=3)
                 similar_btn = gr.Button("Find studies like the uploaded image", elem_id="similar_btn", scale=2)
             similar = gr.Gallery(label="Similar studies (click one to inspect its sentences)", columns=6,
-                                 height=360, elem_id="similar", format="png", interactive=False,
-                                 elem_classes=["gallery-box"])
+                                 elem_id="similar", format="png", interactive=False, elem_classes=["gallery-box"])
             similar_note = gr.Markdown(elem_id="similar_note", elem_classes=["unread-notes"])
             gr.Markdown(CAPTIONS)
         with gr.Tab("Images for a text", interactive=has_index):
@@ -276,8 +287,8 @@ def build_blocks(service: AppService) -> gr.Blocks:
                 query = gr.Textbox(label="Describe a finding", placeholder="e.g. right pneumothorax", scale=4,
                                    max_length=MAX_TEXT_CHARS)
                 text_btn = gr.Button("Search", scale=1)
-            by_text = gr.Gallery(label="Images for the text", columns=6, height=360, elem_id="by_text",
-                                 format="png", interactive=False, elem_classes=["gallery-box"])
+            by_text = gr.Gallery(label="Images for the text", columns=6, elem_id="by_text", format="png",
+                                 interactive=False, elem_classes=["gallery-box"])
             text_note = gr.Markdown(elem_id="text_note", elem_classes=["unread-notes"])
             gr.Markdown(CAPTIONS)
         with gr.Tab("Sentence inspector"):

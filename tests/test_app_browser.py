@@ -102,3 +102,24 @@ def test_upload_in_the_real_page_shows_findings_and_heatmap(browser, served, tmp
     assert shot.size[0] >= 1000
     out = tmp_path / "app.png"
     out.write_bytes(png)
+    # similar studies: two rows of results (6 a row), every caption whole: not cut at its tile's edge nor at the
+    # gallery's (a fixed-height gallery hid the second row's captions below its edge)
+    browser.cmd("POST", f"/element/{browser.find('#similar_btn')}/click", {})
+    browser.wait_for("return document.querySelectorAll('#similar .thumbnail-item .caption-label').length === 8;",
+                     what="8 similar studies")
+    captions = browser.js(CAPTIONS_SHOWN)
+    assert [c["text"].split(" · ")[0] for c in captions] == [f"#{i}" for i in range(1, 9)]
+    assert [c for c in captions if not (c["fits"] and c["in_tile"] and c["in_gallery"])] == []
+
+
+# Per caption of the similar-studies gallery: its text, whether its box holds all of it (no overflow), and whether
+# the box lies within its tile and within the gallery's (1 px of rounding allowed).
+CAPTIONS_SHOWN = """
+const inside = (a, b) => a.top >= b.top - 1 && a.bottom <= b.bottom + 1 && a.left >= b.left - 1 && a.right <= b.right + 1;
+const gallery = document.querySelector('#similar').getBoundingClientRect();
+return [...document.querySelectorAll('#similar .thumbnail-item')].map(t => {
+  const c = t.querySelector('.caption-label'), box = c.getBoundingClientRect();
+  return {text: c.textContent.trim(), fits: c.scrollWidth <= c.clientWidth && c.scrollHeight <= c.clientHeight,
+          in_tile: inside(box, t.getBoundingClientRect()), in_gallery: inside(box, gallery)};
+});
+"""
