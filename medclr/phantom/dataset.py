@@ -30,8 +30,16 @@ from medclr import __version__
 from medclr.errors import MedclrError
 from medclr.phantom import reports as R, vocab as V, writer as W
 from medclr.phantom.material import load_material
-from medclr.phantom.plan import (CHEX5_TARGETS, NORMAL_TARGET, SOURCES, class_model_prob, default_normals, eval_targets,
-                                 plan_eval_study, plan_study)
+from medclr.phantom.plan import (
+    CHEX5_TARGETS,
+    NORMAL_TARGET,
+    SOURCES,
+    class_model_prob,
+    default_normals,
+    eval_targets,
+    plan_eval_study,
+    plan_study,
+)
 from medclr.phantom.renderer import render
 from medclr.progress import progress_bar
 
