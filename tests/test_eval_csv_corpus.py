@@ -58,7 +58,7 @@ def test_eval_on_a_csv_corpus_without_labels(corpus, capsys):
     assert m["tasks"] == ["zeroshot", "reports", "probe"]
     test = export[export["partition"] == "test"]
     n = len(test)
-    assert n == 23  # 4 single-positive studies per CheX5 class + 3 of the other MS-CXR categories
+    assert n == 24  # 4 single-positive studies per CheX5 class, 3 of the other MS-CXR categories, 1 normal
 
     rep = m["reports"]  # image <-> report retrieval over the test studies
     assert rep["n_studies"] == n
@@ -168,7 +168,7 @@ def test_training_on_a_csv_corpus_without_labels_validates_on_the_rule_labels(co
         assert f"| {c} | " in validation and f" | {e['n']} | {e['n_pos']} | " in validation, c
     assert "0 positive and 0 negative" not in card
     rep = m["reports"]
-    assert "retrieval" not in m and rep["n_studies"] == 23
+    assert "retrieval" not in m and rep["n_studies"] == 24
     chance = np.mean([rep["chance"][f"R@{k}"] for k in (1, 5, 10)])
     row = next(line for line in card.splitlines() if line.startswith("| study-level retrieval recall"))
     assert f"| {fmt(rep['Recall'])} |" in row and f"| {fmt(float(chance))} (chance) |" in row
