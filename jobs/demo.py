@@ -204,9 +204,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-serve", action="store_true", help="build everything, do not start the app")
     parser.add_argument("--n", type=int, default=3000,
                         help="phantom pool studies to generate, split train/validate (default: 3000)")
-    parser.add_argument("--eval-per-class", type=int, default=EVAL_PER_CLASS,
+    parser.add_argument("--eval-per-class", type=int, default=EVAL_PER_CLASS, metavar="K",
                         help=f"evaluation-set studies per CheX5 class (the test split; default: {EVAL_PER_CLASS})")
-    parser.add_argument("--eval-normal", type=int, default=None,
+    parser.add_argument("--eval-normal", type=int, default=None, metavar="K",
                         help="normal studies (no finding) in the test split (default: a fifth of --eval-per-class)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the phantom data set (default 0)")
     parser.add_argument("--model", default=None, metavar="NAME",
