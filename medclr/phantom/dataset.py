@@ -35,8 +35,8 @@ from medclr.phantom.plan import (
     NORMAL_TARGET,
     SOURCES,
     class_model_prob,
-    default_normals,
     eval_targets,
+    per_other_category,
     plan_eval_study,
     plan_study,
 )
@@ -223,7 +223,7 @@ def generate(out, n: int, seed: int = 0, source: str = "both", size: int = 256, 
         raise MedclrError(f"--split {fractions}: expected train and validate fractions summing to at most 1")
     if not (0 <= int(eval_per_class) <= 100_000):
         raise MedclrError(f"--eval-per-class {eval_per_class}: expected 0..100000")
-    eval_normal = default_normals(int(eval_per_class)) if eval_normal is None else int(eval_normal)
+    eval_normal = per_other_category(int(eval_per_class)) if eval_normal is None else int(eval_normal)
     if not (0 <= eval_normal <= 100_000):
         raise MedclrError(f"--eval-normal {eval_normal}: expected 0..100000")
     if not (0 <= int(val_per_class) <= 100_000):

@@ -210,12 +210,13 @@ def eval_targets(per_class: int) -> list[str]:
     ``per_class // 5`` (at least 1) for each other grounding category; none when ``per_class`` is 0."""
     if per_class <= 0:
         return []
-    other = max(1, per_class // 5)
+    other = per_other_category(per_class)
     return [c for c in CHEX5_TARGETS for _ in range(per_class)] + [c for c in GROUNDING_TARGETS for _ in range(other)]
 
 
-def default_normals(per_class: int) -> int:
-    """Normal test studies by default: as many as each other grounding category (``per_class // 5``, at least 1)."""
+def per_other_category(per_class: int) -> int:
+    """Test studies of each other grounding category, and normal studies by default: ``per_class // 5``, at least 1
+    (0 without evaluation sets)."""
     return max(1, per_class // 5) if per_class > 0 else 0
 
 
