@@ -65,7 +65,7 @@ def build_checkpoint(name: str, root: Path) -> Path:
     from medclr.inference.stored_prompts import save_prompt_embeddings
     from medclr.lm.fit import train_tokenizer
     from medclr.models.dual import build_dual_encoder
-    from medclr.prompts import BUILTIN_PROMPTS
+    from medclr.prompts import BUILTIN_PROMPTS, CHEX5_PROMPTS
 
     spec = MODELS[name]
     out = root / f"ckpt_{name}"
@@ -86,7 +86,7 @@ def build_checkpoint(name: str, root: Path) -> Path:
     model.head.trained = True  # random weights stand for trained ones (an untrained head is refused at load)
     model.save_pretrained(out)
     sha = weights_sha256(out)  # what training records, and the stored prompt embeddings it writes
-    save_prompt_embeddings(out, model, sha)
+    save_prompt_embeddings(out, model, sha, CHEX5_PROMPTS)
     write_metadata(out, CheckpointMeta(image_size=spec["image_size"], resize=spec["resize"], weights_sha256=sha))
     return out
 

@@ -75,8 +75,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--tasks", type=_tasks, default=None, metavar="LIST",
                         help=f"comma-separated: {','.join(task_names())} (default: all the data allows)")
-    parser.add_argument("--prompts", metavar="FILE", help="paper (default: the paper's Table 2 CheX5 prompts), report "
-                        "(ensembles phrased like report sentences, several per side) or a YAML/JSON prompt file")
+    parser.add_argument("--prompts", metavar="FILE", help="paper (the paper's Table 2 CheX5 prompts), report "
+                        "(ensembles phrased like report sentences, several per side) or a YAML/JSON prompt file "
+                        "(default: the checkpoint's own set, the one the app uses: training's val.prompts)")
     parser.add_argument("--max-images", type=_positive, metavar="N", help="seeded sample of N images of --split")
     parser.add_argument("--max-train-images", type=_positive, default=2000, metavar="N",
                         help="probe: seeded sample of N train-split images (default: 2000)")

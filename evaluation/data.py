@@ -173,7 +173,8 @@ def labels(data: EvalData, rows: np.ndarray, classes: list[str]) -> np.ndarray:
 
 def prompt_set(path: str | None):
     """A built-in set by name (``medclr.prompts.BUILTIN_PROMPTS``: paper, report), the user's prompt
-    file (``medclr.evaluation.zeroshot.load_prompts``), else the paper's CheX5 prompts."""
+    file (``medclr.evaluation.zeroshot.load_prompts``), else the paper's CheX5 prompts (the runner then takes
+    the checkpoint's own set once the model is loaded)."""
     from medclr.evaluation.zeroshot import load_prompts
     from medclr.prompts import BUILTIN_PROMPTS, copy_prompts
 

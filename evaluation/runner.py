@@ -32,6 +32,7 @@ import pandas as pd
 from medclr.errors import MedclrError
 from medclr.evaluation.data import Encoded, EvalData, Model, encode, phrases, prompt_set, split_rows
 from medclr.evaluation.tasks import Inputs, Task, task_names, tasks
+from medclr.prompts import copy_prompts
 
 __all__ = ["TASKS", "Encoded", "Model", "encode", "evaluate"]
 TASKS = task_names()  # every task, in report order
@@ -108,10 +109,13 @@ def evaluate(checkpoint: str, data_path: str, out: str, *, tasks: list[str] | No
     if not run:
         raise MedclrError(f"{data.source}: nothing to evaluate (no {split} images with labels, no MS-CXR phrases)")
     inp.model = Model(checkpoint, device=device)
+    if prompts_file is None:  # the checkpoint's own set: the one its findings record calibrated, as the app uses
+        inp.prompts = copy_prompts(inp.model.engine.default_prompts)
     inp.enc = _encode(inp.model, inp, run, batch_size, workers)
     t_enc = time.perf_counter() - t0
     metrics: dict[str, Any] = {"checkpoint": str(checkpoint), "data": data.source, "mscxr": data.mscxr_source,
                                "split": split, "mscxr_split": mscxr_split, "tasks": names, "seed": seed,
+                               "prompts": prompts_file or inp.model.engine.prompts_name,
                                "model": inp.model.describe(), "n_images_encoded": int(inp.enc.rows.size),
                                "failed_images": inp.enc.failed,
                                "notes": list(data.notes) + skipped + _phrase_notes(inp, run)}

@@ -55,10 +55,11 @@ def sigmoid(z: np.ndarray | float) -> np.ndarray:
 
 def fit_findings(margins: np.ndarray, labels: np.ndarray, classes: Sequence[str], *, min_auc: float = MIN_AUC,
                  n_boot: int = 1000, seed: int = 0, split: str | None = None,
-                 label_source: str = "manifest") -> dict[str, Any]:
+                 label_source: str = "manifest", prompts: str = "paper") -> dict[str, Any]:
     """The per-finding record of a checkpoint (module docstring) from validation margins (N x C) and
     labels (N x C: 1 / 0; −1 and NaN are left out per finding); ``label_source``: where the labels came from,
-    ``manifest`` or ``rules`` (recorded as ``labels``)."""
+    ``manifest`` or ``rules`` (recorded as ``labels``); ``prompts``: the built-in prompt set (``medclr.prompts``) the
+    margins were scored with, which every reader of the checkpoint then uses (``checkpoint_prompts``)."""
     from medclr.metrics import zero_shot_metrics
 
     m = np.asarray(margins, dtype=np.float64)
@@ -84,7 +85,7 @@ def fit_findings(margins: np.ndarray, labels: np.ndarray, classes: Sequence[str]
             if not entry["reads"]:
                 entry["reason"] = _reason(name, auc, lo, hi, min_auc)
         per[name] = entry
-    return {"min_auc": float(min_auc), "split": split, "labels": label_source, "prompts": "paper",
+    return {"min_auc": float(min_auc), "split": split, "labels": label_source, "prompts": prompts,
             "n_boot": int(n_boot), "classes": per}
 
 

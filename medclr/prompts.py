@@ -72,6 +72,18 @@ CHEX5_REPORT_PROMPTS: PromptSet = {
 #: prompt sets by name (``medclr eval --prompts report``)
 BUILTIN_PROMPTS: dict[str, PromptSet] = {"paper": CHEX5_PROMPTS, "report": CHEX5_REPORT_PROMPTS}
 
+
+def checkpoint_prompts(findings_record: Mapping[str, Any] | None) -> tuple[str, PromptSet]:
+    """(name, set) of the built-in prompt set a checkpoint's zero-shot is calibrated with: the one its per-finding
+    record (``medclr.findings``) was fitted with, the paper's when it has no record. Every reader of a checkpoint
+    (the app, `medclr score`, `medclr eval`'s default, the stored embeddings) takes its prompts from here, so the
+    probabilities shown are those the record calibrated."""
+    name = str((findings_record or {}).get("prompts") or "paper")
+    if name not in BUILTIN_PROMPTS:
+        raise MedclrError(f"the checkpoint's findings record names prompt set {name!r}, which this medclr does not have "
+                          f"(built in: {', '.join(BUILTIN_PROMPTS)}); upgrade medclr")
+    return name, BUILTIN_PROMPTS[name]
+
 assert tuple(CHEX5_PROMPTS) == CHEX5 == tuple(CHEX5_REPORT_PROMPTS)
 
 
@@ -119,7 +131,7 @@ def zero_shot_scores(similarity: Callable[[Any, Any], Any], image, embeddings: M
 
 
 __all__ = ["BUILTIN_PROMPTS", "CHEX5", "CHEX5_PROMPTS", "CHEX5_REPORT_PROMPTS", "PromptFileError", "PromptSet",
-           "copy_prompts", "load_prompts", "prompt_embeddings", "reduce_prompts", "validate_prompts",
+           "checkpoint_prompts", "copy_prompts", "load_prompts", "prompt_embeddings", "reduce_prompts", "validate_prompts",
            "zero_shot_scores"]
 
 

@@ -279,3 +279,31 @@ def test_paired_runs_pairs_checkpoint_k_of_each_run(capsys):
     assert paired_runs.compare(shuffled, b)[0]["ci_low"] != diff["ci_low"]
     undefined = run([0.9, None, 0.8], [0.6, 0.9, 0.5])  # a seed without the metric (other --tasks, no labels)
     assert [r["metric"] for r in paired_runs.compare(undefined, b)] == ["zeroshot.per_class.Cardiomegaly.AUC"]
+
+
+def test_eval_defaults_to_the_prompt_set_the_checkpoint_was_calibrated_with(two, tmp_path):
+    """Without --prompts, `medclr eval` scores with the checkpoint's own set (its findings record's, as the app
+    does) and says which; a checkpoint without a record gets the paper's; --prompts overrides either."""
+    import dataclasses
+    import shutil
+
+    from medclr.evaluation.runner import evaluate
+    from medclr.findings import fit_findings
+    from medclr.inference.metadata import read_metadata, write_metadata
+    from medclr.prompts import CHEX5
+
+    _d, root, a, _b = two
+    rng = np.random.default_rng(0)
+    y = (rng.random((40, len(CHEX5))) < 0.5).astype(np.float64)
+    report = tmp_path / "report"
+    shutil.copytree(a, report)
+    record = fit_findings(y + rng.normal(0, 0.5, y.shape), y, CHEX5, n_boot=20, prompts="report")
+    write_metadata(report, dataclasses.replace(read_metadata(report), findings=record))
+
+    def run(ckpt, name, **kw):
+        return evaluate(str(ckpt), str(root), str(tmp_path / name), tasks=["zeroshot"], n_boot=0, figures=False, **kw)
+
+    own, forced = run(report, "own"), run(report, "forced", prompts_file="report")
+    assert own["prompts"] == forced["prompts"] == "report" and run(a, "plain")["prompts"] == "paper"
+    assert own["zeroshot"]["prompt_cosine"] == forced["zeroshot"]["prompt_cosine"]  # the same prompts were scored
+    assert run(report, "paper", prompts_file="paper")["zeroshot"]["prompt_cosine"] != own["zeroshot"]["prompt_cosine"]

@@ -486,6 +486,7 @@ def test_saves_of_the_same_state_are_byte_identical(tmp_path, mlm_dir, no_networ
 
     from medclr.inference.stored_prompts import PROMPTS_NAME, save_prompt_embeddings
     from medclr.losses import build_loss
+    from medclr.prompts import CHEX5_PROMPTS
     from medclr.training.checkpoint import save_loss_state
 
     model = _dual(mlm_dir).eval()
@@ -493,7 +494,7 @@ def test_saves_of_the_same_state_are_byte_identical(tmp_path, mlm_dir, no_networ
     digests: dict[str, set[str]] = {"model": set(), "prompts": set(), "loss": set()}
     for i in range(6):
         out = model.save_pretrained(tmp_path / f"save{i}")
-        save_prompt_embeddings(out, model, "0" * 64)
+        save_prompt_embeddings(out, model, "0" * 64, CHEX5_PROMPTS)
         save_loss_state(loss, out / "loss_state.safetensors", {"loss": "nuclr", "num_samples": 6}, np.arange(6))
         for key, name in (("model", "model.safetensors"), ("prompts", PROMPTS_NAME), ("loss", "loss_state.safetensors")):
             digests[key].add(hashlib.sha256((out / name).read_bytes()).hexdigest())

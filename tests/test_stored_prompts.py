@@ -22,11 +22,12 @@ def _with_stored_prompts(src: Path, dst: Path) -> Path:
     from medclr.inference import load_checkpoint, weights_sha256
     from medclr.inference.metadata import read_metadata, write_metadata
     from medclr.inference.stored_prompts import save_prompt_embeddings
+    from medclr.prompts import CHEX5_PROMPTS
 
     shutil.copytree(src, dst)
     sha = weights_sha256(dst)
     write_metadata(dst, dataclasses.replace(read_metadata(dst), weights_sha256=sha))
-    save_prompt_embeddings(dst, load_checkpoint(dst).model, sha)
+    save_prompt_embeddings(dst, load_checkpoint(dst).model, sha, CHEX5_PROMPTS)
     return dst
 
 
@@ -60,12 +61,12 @@ def test_stored_embeddings_for_other_weights_or_prompts_are_not_used(stored, tmp
     from medclr.inference import load_checkpoint
     from medclr.inference.metadata import read_metadata, write_metadata
     from medclr.inference.stored_prompts import PROMPTS_NAME, read_prompt_embeddings
-    from medclr.prompts import copy_prompts
+    from medclr.prompts import CHEX5_PROMPTS, copy_prompts
 
     sha = read_metadata(stored).weights_sha256
-    assert read_prompt_embeddings(stored, sha) is not None
-    assert read_prompt_embeddings(stored, "0" * 64) is None  # other weights
-    assert read_prompt_embeddings(stored, None) is None  # weights not verified
+    assert read_prompt_embeddings(stored, sha, CHEX5_PROMPTS) is not None
+    assert read_prompt_embeddings(stored, "0" * 64, CHEX5_PROMPTS) is None  # other weights
+    assert read_prompt_embeddings(stored, None, CHEX5_PROMPTS) is None  # weights not verified
     other = copy_prompts()
     other["Edema"]["positive"] = ["Pulmonary oedema"]
     assert read_prompt_embeddings(stored, sha, other) is None  # other prompts
@@ -77,7 +78,7 @@ def test_stored_embeddings_for_other_weights_or_prompts_are_not_used(stored, tmp
     engine = load_checkpoint(moved, text=False, verify_weights=False)
     assert engine.model.text_encoder is not None  # no usable stored prompts: the tower is loaded at once
     (moved / PROMPTS_NAME).write_bytes(b"\0" * 64)  # a damaged file is ignored too
-    assert read_prompt_embeddings(moved, "f" * 64) is None
+    assert read_prompt_embeddings(moved, "f" * 64, CHEX5_PROMPTS) is None
 
 
 def test_medclr_score_imports_no_transformers_and_scores_as_with_the_text_tower(stored, tmp_path):
@@ -109,3 +110,43 @@ def test_medclr_score_imports_no_transformers_and_scores_as_with_the_text_tower(
             np.testing.assert_allclose(a[col], b[col], atol=1e-6, err_msg=col)
         else:
             assert a[col].astype(str).tolist() == b[col].astype(str).tolist(), col
+
+
+def test_a_checkpoint_calibrated_with_report_prompts_is_read_with_them(stored, tmp_path):
+    """A findings record fitted with the report-style prompts (training's val.prompts=report) makes them the
+    checkpoint's: stored for its weights (no text tower to score), the default of every zero-shot call, and the
+    only set its calibration serves; a set this medclr lacks is one line."""
+    from medclr.errors import MedclrError
+    from medclr.findings import fit_findings
+    from medclr.inference import load_checkpoint, weights_sha256
+    from medclr.inference.metadata import read_metadata, write_metadata
+    from medclr.inference.stored_prompts import save_prompt_embeddings
+    from medclr.prompts import CHEX5, CHEX5_PROMPTS, CHEX5_REPORT_PROMPTS, checkpoint_prompts, prompt_embeddings
+
+    rng = np.random.default_rng(0)
+    labels = (rng.random((40, len(CHEX5))) < 0.5).astype(np.float64)
+    record = fit_findings(labels + rng.normal(0, 0.5, labels.shape), labels, CHEX5, n_boot=50, prompts="report")
+    dst = tmp_path / "report"
+    shutil.copytree(stored, dst)
+    meta = dataclasses.replace(read_metadata(dst), findings=record)
+    write_metadata(dst, meta)
+    save_prompt_embeddings(dst, load_checkpoint(dst).model, weights_sha256(dst), checkpoint_prompts(record)[1])
+
+    lean = load_checkpoint(dst, text=False)
+    assert lean.prompts_name == "report" and lean.default_prompts == CHEX5_REPORT_PROMPTS
+    got = lean.prompt_embeddings()
+    assert lean.model.text_encoder is None  # the stored report-style embeddings answered
+    full = load_checkpoint(dst)
+    for cls, (pos, neg) in prompt_embeddings(lambda t: full._text(t, False), CHEX5_REPORT_PROMPTS).items():
+        torch.testing.assert_close(got[cls][0], pos, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got[cls][1], neg, rtol=0, atol=1e-6)
+    image = rng.random((96, 96)).astype(np.float32)
+    details = full.zero_shot_details(image)
+    assert details[0]["positive_prompts"] == CHEX5_REPORT_PROMPTS[details[0]["class"]]["positive"]
+    assert all(d["note"] is None or "calibrated for" not in d["note"] for d in details)
+    paper = full.zero_shot_details(image, CHEX5_PROMPTS)
+    assert {d["note"] for d in paper} == {"calibrated for the checkpoint's report prompts only: raw score"}
+
+    write_metadata(dst, dataclasses.replace(meta, findings={**record, "prompts": "bogus"}))
+    with pytest.raises(MedclrError, match="names prompt set 'bogus', which this medclr does not have"):
+        load_checkpoint(dst)

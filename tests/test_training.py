@@ -580,8 +580,10 @@ def test_phantom_dcl_true_and_dcl_lm_train(tmp_path):
     write_eta_table(eta[TABLE_COLUMNS], tmp_path / "eta.parquet", {})
     for config in ("dcl_true", "dcl_lm"):
         out = tmp_path / config
+        # dcl_lm validates with the report-style prompts: its findings record and stored prompts follow them
+        prompt_set = "report" if config == "dcl_lm" else "paper"
         cmd = _train_cmd(config, manifest, lm, out, "train.batch_size=8", "train.max_steps=4", "val.every=0",
-                         f"data.eta={tmp_path / 'eta.parquet'}")
+                         f"data.eta={tmp_path / 'eta.parquet'}", f"val.prompts={prompt_set}")
         proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
         summary = json.loads(proc.stdout.strip().splitlines()[-1])["train"]
@@ -592,6 +594,7 @@ def test_phantom_dcl_true_and_dcl_lm_train(tmp_path):
 
     lean = load_checkpoint(tmp_path / "dcl_lm", text=False)
     assert lean.model.text_encoder is None and len(lean.prompt_embeddings()) == 5
+    assert lean.prompts_name == "report" and load_checkpoint(tmp_path / "dcl_true", text=False).prompts_name == "paper"
     # the end-of-training validation recorded, per CheX5 finding, whether the model reads it (medclr.findings):
     # every labelled validation image (6 balanced studies per class and the pool's share), not val.max_images
     from medclr.inference import read_metadata
@@ -599,7 +602,7 @@ def test_phantom_dcl_true_and_dcl_lm_train(tmp_path):
 
     rec = read_metadata(tmp_path / "dcl_lm").findings
     n_val = int((df["split"] == "validate").sum())
-    assert rec["split"] == "validate" and set(rec["classes"]) == set(CHEX5)
+    assert rec["split"] == "validate" and set(rec["classes"]) == set(CHEX5) and rec["prompts"] == "report"
     for entry in rec["classes"].values():
         assert entry["n"] <= n_val and entry["n_pos"] >= 6 and isinstance(entry["reads"], bool)
         assert entry["reads"] == (entry["reason"] is None) and entry["platt"] is not None

@@ -44,6 +44,7 @@ from medclr.inference.checkpoint import (  # not in the loss's state_dict
 )
 from medclr.inference.metadata import METADATA_NAME, CheckpointMeta, write_metadata
 from medclr.inference.stored_prompts import PROMPTS_NAME, save_prompt_embeddings
+from medclr.prompts import checkpoint_prompts
 
 CKPT_DIR = "checkpoints"
 _STEP_RE = re.compile(r"^step-(\d{7,})$")
@@ -283,7 +284,8 @@ def save_checkpoint(*, out: Path, step: int, model, loss, optimizer, scheduler, 
             torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                         "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "optimizer.pt")
             sha = weights_sha256(tmp)
-            save_prompt_embeddings(tmp, model, sha)  # scoring with the default prompts then needs no text tower
+            # the prompts its readers will use (the findings record's), so scoring needs no text tower
+            save_prompt_embeddings(tmp, model, sha, checkpoint_prompts(trainer_state.get("findings"))[1])
             write_metadata(tmp, checkpoint_meta(trainer_state, loss, sha))
             (tmp / "train_config.yaml").write_text(config_yaml)
             (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True, default=str))

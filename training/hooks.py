@@ -182,15 +182,15 @@ class Validator:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             return model.text_encoder.encode(texts, batch_size=128, normalize=normalize).float()
 
-    def _zero_shot_prompts(self, model, labels, prompts=None):
-        """CheX5 prompts (default: the paper's) reduced as `medclr eval` reduces them (``medclr.prompts``),
-        or None without labels."""
+    def _zero_shot_prompts(self, model, labels):
+        """The CheX5 prompts of ``val.prompts`` (a built-in set: ``paper`` or ``report``) reduced as `medclr eval`
+        reduces them (``medclr.prompts``), or None without labels."""
         if labels is None:
             return None
         from medclr.data.labels import CHEX5
-        from medclr.prompts import CHEX5_PROMPTS, prompt_embeddings
+        from medclr.prompts import BUILTIN_PROMPTS, prompt_embeddings
 
-        prompts = CHEX5_PROMPTS if prompts is None else prompts
+        prompts = BUILTIN_PROMPTS[self.cfg["val"]["prompts"]]
         return prompt_embeddings(lambda texts: self._embed_texts(model, texts, normalize=False),
                                  {c: prompts[c] for c in CHEX5})
 
@@ -220,7 +220,8 @@ class Validator:
         finally:
             model.train(was_training)
         return fit_findings(s_pos - s_neg, table.labels, CHEX5, seed=int(self.cfg["seed"]),
-                            split=str(self.cfg["data"]["val_split"]), label_source=self.label_source)
+                            split=str(self.cfg["data"]["val_split"]), label_source=self.label_source,
+                            prompts=str(self.cfg["val"]["prompts"]))
 
     def _score(self, model, ds) -> dict:
         from medclr.metrics import retrieval_metrics, zero_shot_metrics  # scipy, scikit-learn: only when validating

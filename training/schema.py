@@ -127,6 +127,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "model.channels_last": ("auto", True, False),
     "train.precision": PRECISIONS,
     "log.progress": ("auto", True, False),
+    "val.prompts": ("paper", "report"),  # medclr.prompts.BUILTIN_PROMPTS
 }
 # Keys that name a file or folder (or a hub id: model.text), null where base.yaml allows it.
 PATHS = ("out", "data.manifest", "data.eta", "data.cache_dir", "model.text", "model.image_weights", "model.init")

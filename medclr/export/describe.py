@@ -8,7 +8,6 @@ from typing import Any
 
 from medclr.inference import Inference
 from medclr.inference.metadata import NOT_RECORDED
-from medclr.prompts import CHEX5_PROMPTS
 
 FORMAT = "medclr.export/1"  # the "format" of config.json (hf) and export.json (onnx, torchscript)
 
@@ -46,9 +45,9 @@ def text_input(inference: Inference, tokenizer_folder: str) -> dict[str, Any]:
             "projection": encoder.projection_kind, "token_type_ids": "not fed (all zero)"}
 
 
-def prompts() -> dict[str, Any]:
+def prompts(inference: Inference) -> dict[str, Any]:
     """The zero-shot prompts the checkpoint's findings record was fitted with, and how they are scored."""
-    return {"name": "paper", "sets": CHEX5_PROMPTS,
+    return {"name": inference.prompts_name, "sets": inference.default_prompts,
             "reduction": "several prompts on a side: mean of the unnormalised projections, then L2-normalised",
             "zero_shot": "P(finding) = sigmoid((score(image, positive) - score(image, negative)) / tau); the findings "
                          "record's Platt calibration replaces it where a finding is read"}
@@ -69,5 +68,5 @@ def common(inference: Inference) -> dict[str, Any]:
     """What every format's JSON holds beside its own files."""
     meta = inference.meta
     return {"joint_dim": inference.joint_dim, "tau": inference.tau, "head": inference.model.head.to_config(),
-            "prompts": prompts(), "findings": meta.findings if meta is not None else None,
+            "prompts": prompts(inference), "findings": meta.findings if meta is not None else None,
             "source": provenance(inference)}

@@ -94,6 +94,7 @@ def _write_model(src: Path, stage: Path, fp16: bool) -> str:
     from medclr.inference import read_metadata, weights_sha256, write_metadata
     from medclr.inference.stored_prompts import save_prompt_embeddings
     from medclr.models.dual import CONFIG_NAME, TOKENIZER_DIR, WEIGHTS_NAME, DualEncoder
+    from medclr.prompts import checkpoint_prompts
 
     stage.mkdir(parents=True)
     shutil.copyfile(src / CONFIG_NAME, stage / CONFIG_NAME)
@@ -103,8 +104,9 @@ def _write_model(src: Path, stage: Path, fp16: bool) -> str:
     else:
         shutil.copyfile(src / WEIGHTS_NAME, stage / WEIGHTS_NAME)
     sha = weights_sha256(stage)
-    write_metadata(stage, dataclasses.replace(read_metadata(src), weights_sha256=sha))
-    save_prompt_embeddings(stage, DualEncoder.from_pretrained(stage), sha)
+    meta = dataclasses.replace(read_metadata(src), weights_sha256=sha)
+    write_metadata(stage, meta)
+    save_prompt_embeddings(stage, DualEncoder.from_pretrained(stage), sha, checkpoint_prompts(meta.findings)[1])
     return sha
 
 

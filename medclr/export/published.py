@@ -76,6 +76,7 @@ def import_biovil(image_weights: str | os.PathLike, text: str | os.PathLike, out
     from medclr.inference.stored_prompts import save_prompt_embeddings
     from medclr.models.biovil import CROP, RESIZE, read_biovil_weights
     from medclr.models.dual import build_dual_encoder
+    from medclr.prompts import CHEX5_PROMPTS  # an imported model has no findings record: the paper's prompts
 
     t0 = time.monotonic()
     target, image_path, text_dir = Path(out).expanduser(), Path(image_weights).expanduser(), Path(text).expanduser()
@@ -112,7 +113,7 @@ def import_biovil(image_weights: str | os.PathLike, text: str | os.PathLike, out
     with _staging(target) as folder:
         model.save_pretrained(folder)
         sha = weights_sha256(folder)
-        save_prompt_embeddings(folder, model, sha)  # scoring with the default prompts then needs no text tower
+        save_prompt_embeddings(folder, model, sha, CHEX5_PROMPTS)  # scoring then needs no text tower
         write_metadata(folder, CheckpointMeta(image_size=crop, resize=resize, tau=float(tau), weights_sha256=sha))
         write_text(folder / IMPORT_NAME, json.dumps(record, indent=2) + "\n")
     summary = {"out": str(target), "kind": kind, "arch": arch, "joint_dim": joint, "resize": resize, "crop": crop,

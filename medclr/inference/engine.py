@@ -8,7 +8,8 @@ same preprocessing (:mod:`medclr.inference.preprocess`) and the same maths. Buil
   the loss was trained on) with the positive and the negative prompt set; the raw probability =
   softmax((s_neg, s_pos) / tau)[1]. Prompt sets with several prompts are reduced BioViL-style (mean of
   unnormalised projections, then L2-normalised). Reduction and scores are ``medclr.prompts``'s, which
-  training's validation AUC uses too. Default prompts: ``medclr.prompts.CHEX5_PROMPTS``. What readers
+  training's validation AUC uses too. Default prompts: the checkpoint's own
+  (``medclr.prompts.checkpoint_prompts``: those its per-finding record was fitted with). What readers
   show is :meth:`Inference.calibrated`: the checkpoint's per-finding calibration of s_pos - s_neg
   (``medclr.findings``, fitted on validation at the end of training), NaN with a reason for a finding the
   checkpoint does not read.
@@ -39,7 +40,7 @@ from medclr.inference.stats import SentenceStats
 from medclr.io import MAX_PIXELS, read_image
 from medclr.models.dual import DualEncoder
 from medclr.models.image import ImageFeatures, grid_size
-from medclr.prompts import CHEX5_PROMPTS, PromptSet, prompt_embeddings, zero_shot_scores
+from medclr.prompts import PromptSet, checkpoint_prompts, prompt_embeddings, zero_shot_scores
 
 # What a reader is told for an image whose embedding is NaN or infinite: an error row, never a score.
 NON_FINITE = "the model gave NaN or infinite values for this image (damaged weights, or an input it cannot read)"
@@ -81,8 +82,10 @@ class Inference:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.meta = meta  # what the checkpoint records (checkpoint_meta.json); None when not loaded from one
         self._prompt_cache: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}  # by the prompt set
+        # the prompt set the checkpoint's record calibrated: the default of every zero-shot call
+        self.prompts_name, self.default_prompts = checkpoint_prompts(meta.findings if meta is not None else None)
         if stored_prompts is not None:
-            self._prompt_cache[_prompt_key(CHEX5_PROMPTS)] = {
+            self._prompt_cache[_prompt_key(self.default_prompts)] = {
                 cls: tuple(t.to(self.device) for t in pair) for cls, pair in stored_prompts.items()}
         self._sha = weights_sha256  # of checkpoint_dir's weights, when the loader already hashed them
         self._stats: Any = None
@@ -184,7 +187,7 @@ class Inference:
     def prompt_embeddings(self, prompts: PromptSet | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """class -> (positive D, negative D): mean of unnormalised projections, then L2-normalised (the default
         prompts' come from the checkpoint when it stores them for these weights)."""
-        prompts = CHEX5_PROMPTS if prompts is None else prompts
+        prompts = self.default_prompts if prompts is None else prompts
         key = _prompt_key(prompts)
         if key not in self._prompt_cache:
             self._prompt_cache[key] = prompt_embeddings(lambda texts: self._text(texts, False), prompts)
@@ -210,8 +213,8 @@ class Inference:
 
         if self.findings_record is None:
             return None, NOT_VALIDATED
-        if prompts is not None and prompts is not CHEX5_PROMPTS:
-            return None, "calibrated for the default prompts only: raw score"
+        if prompts is not None and _prompt_key(prompts) != _prompt_key(self.default_prompts):
+            return None, f"calibrated for the checkpoint's {self.prompts_name} prompts only: raw score"
         return self.findings_record, None
 
     def finding_notes(self, classes: Sequence[str], prompts: PromptSet | None = None) -> dict[str, str | None]:
@@ -245,7 +248,7 @@ class Inference:
     def zero_shot_details(self, image: Any, prompts: PromptSet | None = None) -> list[dict[str, Any]]:
         """Per class: the shown probability (:meth:`calibrated`) and its note, the raw softmax, whether the
         checkpoint reads the finding and its validation AUC, the two scores and the prompts used."""
-        chosen = CHEX5_PROMPTS if prompts is None else prompts
+        chosen = self.default_prompts if prompts is None else prompts
         classes, raw, s_pos, s_neg = self.zero_shot_scores(self.encode(image).features, chosen)
         prob, notes = self.calibrated(classes, raw, s_pos, s_neg, prompts)
         record = (self.findings_record or {}).get("classes") or {}
@@ -297,7 +300,7 @@ class Inference:
                                              "negation", "score", "score_negation", "reason"))
         out["phrase"] = phrase
         features = self.encode(image).features
-        classes = list(CHEX5_PROMPTS)
+        classes = list(self.default_prompts)
         name = finding_named(phrase, classes) if self.findings_record is not None else None
         if name is not None:
             entry = self.findings_record["classes"].get(name) or {}

@@ -25,6 +25,7 @@ from medclr.inference.metadata import METADATA_NAME, read_metadata
 from medclr.inference.preprocess import Preprocess
 from medclr.inference.stored_prompts import read_prompt_embeddings
 from medclr.models.dual import DualEncoder
+from medclr.prompts import checkpoint_prompts
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,9 @@ def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "
                     verify_weights: bool | None = None, text: bool = True) -> Inference:
     """Load a `medclr train` checkpoint dir for inference. Arguments override what the dir records.
 
-    ``text=False``: when the directory stores the default prompts' embeddings for these (verified) weights, the
-    text tower is left unloaded until a text is encoded (`medclr score` with the CheX5 prompts never does).
+    ``text=False``: when the directory stores its prompts' embeddings (``medclr.prompts.checkpoint_prompts``) for
+    these (verified) weights, the text tower is left unloaded until a text is encoded (`medclr score` with the
+    checkpoint's prompts never does).
 
     The weights file is checked against the SHA-256 training recorded (``verify_weights``; None: unless the
     environment sets MEDCLR_TRUST_WEIGHTS=1), and every weight must be finite (always): a damaged file is
@@ -65,7 +67,7 @@ def load_checkpoint(directory: str | os.PathLike, device: str | torch.device = "
     if verify and not meta.weights_sha256:
         log.warning("checkpoint %s records no SHA-256 of its weights (saved before medclr recorded one): only damage that "
                     "makes a weight NaN or infinite can be detected", src)
-    stored = read_prompt_embeddings(src, sha if verify else None)
+    stored = read_prompt_embeddings(src, sha if verify else None, checkpoint_prompts(meta.findings)[1])
     if not text and stored is None:
         log.info("checkpoint %s stores no prompt embeddings for these weights (trained before medclr stored them, or "
                  "weights not verified): the text tower is loaded to encode the prompts", src)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from medclr.files import atomic_path, stable_safetensors
-from medclr.prompts import CHEX5_PROMPTS, PromptSet, prompt_embeddings
+from medclr.prompts import PromptSet, prompt_embeddings
 
 PROMPTS_NAME = "prompt_embeddings.safetensors"
 FORMAT = "medclr.prompt_embeddings/1"
@@ -28,7 +28,7 @@ def _prompts_key(prompts: PromptSet) -> str:
 
 
 def save_prompt_embeddings(directory: str | os.PathLike, model, weights_sha256: str,
-                           prompts: PromptSet = CHEX5_PROMPTS) -> Path:
+                           prompts: PromptSet) -> Path:
     """Encode ``prompts`` with ``model``'s text tower (eval mode, float32, no autocast; its mode is restored) and
     write them to ``directory``. Dropout is off in eval mode, so no random number is drawn: a training run that
     saves goes on exactly as one that does not."""
@@ -54,7 +54,7 @@ def save_prompt_embeddings(directory: str | os.PathLike, model, weights_sha256: 
 
 
 def read_prompt_embeddings(directory: str | os.PathLike, weights_sha256: str | None,
-                           prompts: PromptSet = CHEX5_PROMPTS) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+                           prompts: PromptSet) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
     """class -> (positive, negative) stored for ``prompts`` and the weights whose SHA-256 the caller verified, or
     None when there is no such file, it is for other prompts or other weights, or it cannot be read."""
     from safetensors import SafetensorError
