@@ -1,5 +1,6 @@
-"""The README's Python example runs as written: on a checkpoint, manifest and index laid out where `make demo`
-puts them (~/.cache/medclr/demo, HOME pointed at a temporary folder), built by the app tests' fixtures."""
+"""The README's Python example runs as written: on a shipped model of the README's name (the app tests' checkpoint
+packed under $MEDCLR_PRETRAINED_DIR), and a manifest and index laid out where `make demo` puts them
+(~/.cache/medclr/demo, HOME pointed at a temporary folder), built by the app tests' fixtures."""
 
 from __future__ import annotations
 
@@ -21,13 +22,17 @@ def python_blocks(text: str) -> list[str]:
 def test_readme_python_example_runs_as_written(app_assets, index_dir, tmp_path, monkeypatch):  # noqa: F811
     blocks = python_blocks(README.read_text(encoding="utf-8"))
     assert len(blocks) == 1, "the README has one Python example"
+    from medclr.export.pack import pack
+    from medclr.pretrained import REFERENCE, ROOT_ENV
+
+    pack(app_assets["checkpoint"], REFERENCE, where=tmp_path / "shipped")  # float32: the index's weights, exactly
     demo = tmp_path / ".cache" / "medclr" / "demo"
     demo.mkdir(parents=True)
-    (demo / "index").mkdir()  # one index per served model: the trained checkpoint's is index/checkpoint
-    for name, target in (("checkpoint", app_assets["checkpoint"]), ("manifest.parquet", app_assets["manifest"]),
-                         ("index/checkpoint", index_dir)):
+    (demo / "index").mkdir()  # one index per served model: the shipped model's is index/NAME
+    for name, target in (("manifest.parquet", app_assets["manifest"]), (f"index/{REFERENCE}", index_dir)):
         (demo / name).symlink_to(target)
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path / "shipped"))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         scope: dict = {}
