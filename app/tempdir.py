@@ -198,9 +198,14 @@ def start_sweeper(max_age_s: float, every_s: float = 60.0, after: Callable[[], N
 def exit_on_signals(signals=(signal.SIGTERM, signal.SIGHUP)) -> None:
     """Turn these signals into ``SystemExit`` (128 + signal number) so that ``finally`` blocks and atexit
     run (the default action of SIGTERM ends the process without either), and make SIGINT raise
-    ``KeyboardInterrupt`` even where the process inherited it ignored. Main thread only."""
+    ``KeyboardInterrupt`` even where the process inherited it ignored. Main thread only.
+
+    The first of these signals starts the exit; later ones are ignored, so that a supervisor repeating
+    SIGTERM cannot cut the cleanup short and leave the folder behind (SIGKILL still ends it at once)."""
 
     def handler(signum, frame):  # noqa: ARG001
+        for s in signals:
+            signal.signal(s, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
     for s in signals:

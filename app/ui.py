@@ -80,7 +80,9 @@ CSS = """
 #findings .output-class { font-size: 1.1rem; }
 .unread-notes blockquote { color: #4d4d4d; border-left: 3px solid #b0b0b0; margin: 0.3em 0; padding-left: 0.6em; }
 .dark .unread-notes blockquote { color: #c8c8c8; }
-.gallery-box .grid-wrap { max-height: none !important; overflow-y: visible !important; }
+/* the gallery's label floats over its top-left corner: the thumbnails start below it */
+.gallery-box .grid-wrap { max-height: none !important; overflow-y: visible !important;
+  padding-top: var(--size-8) !important; }
 .gallery-box .grid-container { grid-template-rows: none !important; grid-auto-rows: auto !important; }
 .gallery-box .thumbnail-item { aspect-ratio: auto !important; height: auto !important; display: flex !important;
   flex-direction: column; }

@@ -293,6 +293,28 @@ def test_folder_goes_on_normal_exit_and_a_killed_process_folder_at_next_start(tm
     assert not made.exists() and not stale.exists() and mine.exists() and other.exists()
 
 
+def test_a_second_sigterm_during_cleanup_does_not_cut_it_short(tmp_path):
+    """A supervisor that repeats SIGTERM: the process sends itself a second one inside the `finally` that the
+    first one started (Python runs the handler right after os.kill returns), and the cleanup still ends."""
+    base = tmp_path / "base"
+    base.mkdir()
+    code = ("import os, signal\n"
+            "from medclr.app import tempdir\n"
+            "tempdir.exit_on_signals()\n"
+            "root = tempdir.private_temp_dir()\n"
+            "try:\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "finally:\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    tempdir.remove_private_temp_dir()\n"
+            "    print('cleaned', root, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=_env(base), capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert out.returncode == 128 + signal.SIGTERM, out.stderr
+    assert out.stdout.startswith("cleaned"), out.stderr
+    assert list(base.iterdir()) == []
+
+
 def _open_streams(port: int) -> list[socket.socket]:
     """What an open browser tab or client may hold while the app stops: an idle keep-alive connection,
     a session heartbeat, and a response that never ends by itself (Gradio's dev-reload event stream; the
