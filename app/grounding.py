@@ -12,10 +12,10 @@ Three checks, in order; each can withhold the map with one plain sentence (:func
    without that record, the finding's raw two-prompt probability (what the findings box shows) must reach 50%.
    Any other phrase must outscore its negation, and the sentence says that this is not validated.
 3. **A phrase that names a side or a size** is scored against the same phrase with the other side or size
-   (``medclr.app.phrases.Alternative``). The model prefers one of the two when its own two-sentence softmax at
-   the checkpoint's temperature gives it at least :data:`PREFERENCE_ODDS` to 1 (a score gap of tau·ln 2): the
-   same odds whichever head or scale the checkpoint has. The map is drawn only when it prefers the phrase
-   typed: a map of "left pleural effusion" that the model places on the right would show the right.
+   (``medclr.app.phrases.Alternative``). The model prefers one of the two by ``medclr.inference.preference``
+   (at least 2 to 1 odds by its own two-sentence softmax; `medclr eval`'s ``sides`` task measures how often
+   that rule picks the side a phrase names). The map is drawn only when it prefers the phrase typed: a map of
+   "left pleural effusion" that the model places on the right would show the right.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from medclr.app.phrases import Alternative, Reading
-
-PREFERENCE_ODDS = 2.0
+from medclr.inference.preference import PREFERENCE_ODDS, preference
 
 
 def percent(p: float | None) -> str:
@@ -53,13 +52,13 @@ def judge(engine, encoded, reading: Reading) -> Verdict:
     clauses = [presence_clause(evidence)]
     for alt in reading.alternatives:
         mine, theirs = _scores(engine, encoded, [reading.phrase, alt.phrase])
-        gap = engine.tau * math.log(PREFERENCE_ODDS)
+        prefers = preference(mine, theirs, engine.tau)
         scores = f"“{reading.phrase}” {mine:.3f} against “{alt.phrase}” {theirs:.3f}"
-        if mine - theirs >= gap:
+        if prefers > 0:
             verb = "places it on the" if alt.kind == "side" else "reads it as"
             clauses.append(f"it {verb} {alt.typed} rather than {'the ' * (alt.kind == 'side')}{alt.other} ({scores}; "
                            f"{alt.kind}s are not validated)")
-        elif theirs - mine >= gap:
+        elif prefers < 0:
             return Verdict(False, f"No heatmap for {quoted}: {clauses[0]}, but {_as(alt, alt.other)}, not "
                                   f"{_as(alt, alt.typed)} ({scores}). Type “{alt.phrase}” to see that map.")
         else:

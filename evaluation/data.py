@@ -272,7 +272,7 @@ class Model:
 
         self.engine = load_checkpoint(checkpoint, device=device)
         self.model, self.pre, self.device = self.engine.model, self.engine.preprocess, self.engine.device
-        self.meta = self.engine.meta
+        self.meta, self.tau = self.engine.meta, self.engine.tau
 
     def describe(self) -> dict[str, Any]:
         head = self.model.head.to_config() if hasattr(self.model.head, "to_config") else {}
@@ -310,12 +310,21 @@ class Model:
     def texts(self, sentences: list[str]) -> torch.Tensor:
         return torch.from_numpy(self.engine.embed_texts(list(sentences))).to(self.device)
 
+    def _image(self, regions: torch.Tensor) -> ImageFeatures:
+        """One image's features from its kept regions (D, h, w); the global embedding is their normalised mean."""
+        r = regions[None].to(self.device)
+        return ImageFeatures(r, torch.nn.functional.normalize(r.mean((2, 3)), dim=-1))
+
     @torch.inference_mode()
     def region_scores(self, regions: torch.Tensor, text: torch.Tensor) -> np.ndarray:
         """(T, h, w) region-sentence cosines of one image's regions (D, h, w)."""
-        r = regions[None].to(self.device)
-        feats = ImageFeatures(r, torch.nn.functional.normalize(r.mean((2, 3)), dim=-1))
-        return self.model.region_scores(feats, text).float()[0].cpu().numpy()
+        return self.model.region_scores(self._image(regions), text).float()[0].cpu().numpy()
+
+    @torch.inference_mode()
+    def scores(self, regions: torch.Tensor, text: torch.Tensor) -> np.ndarray:
+        """(T,) image-sentence scores of one image (``DualEncoder.similarity``: what the loss trains, what the app's
+        side and size checks compare)."""
+        return self.model.similarity(self._image(regions), text).float()[0].cpu().numpy()
 
     @torch.inference_mode()
     def compared_regions(self, regions: torch.Tensor) -> torch.Tensor:

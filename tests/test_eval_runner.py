@@ -132,7 +132,7 @@ def test_cli_writes_metrics_report_and_figures(small, capsys):
     assert medclr_main("eval", "--checkpoint", ckpt, "--data", root, "--out", d / "report", "--n-boot", 50) == 0
     assert "metrics.json" in capsys.readouterr().out
     m = json.loads((d / "report" / "metrics.json").read_text())
-    assert m["tasks"] == ["zeroshot", "grounding", "retrieval", "reports", "probe"]
+    assert m["tasks"] == ["zeroshot", "grounding", "sides", "retrieval", "reports", "probe"]
     assert set(m["summary"]) == {"AUC", "ACC", "CNR", "mIoU", "Recall", "MedR"}
     rep = m["reports"]  # study-level image <-> report retrieval, no labels needed
     assert rep["n_studies"] == 16 and 0 <= rep["i2t/R@1"] <= rep["i2t/R@5"] <= rep["i2t/R@10"] <= 1
@@ -417,8 +417,46 @@ def test_tasks_are_the_task_modules_in_report_order():
     from medclr.evaluation.runner import TASKS
     from medclr.evaluation.tasks import task_names
 
-    assert task_names() == TASKS == ("zeroshot", "grounding", "retrieval", "reports", "probe")
+    assert task_names() == TASKS == ("zeroshot", "grounding", "sides", "retrieval", "reports", "probe")
     assert SUMMARY_KEYS == ("AUC", "ACC", "CNR", "mIoU", "Recall", "MedR")  # the paper's Table 1 row
+
+
+def test_sides_measures_the_apps_side_check(small, tmp_path):
+    """Each phrase that names one side gets the app's decision: the engine's scores of the phrase and of its other-side
+    twin on the image (``medclr.app.grounding``'s route), decided by ``medclr.inference.preference``."""
+    import math
+
+    from medclr.app.grounding import _scores
+    from medclr.data.hard_negatives import swap_side
+    from medclr.inference import load_checkpoint
+    from medclr.inference.preference import PREFERENCE_ODDS, preference
+
+    tau = 0.07
+    gap = tau * math.log(PREFERENCE_ODDS)  # the two-sentence softmax gives 2:1 exactly at this score gap
+    assert math.exp(gap / tau) == pytest.approx(2.0)
+    assert (preference(gap, 0.0, tau), preference(0.999 * gap, 0.0, tau), preference(0.0, gap, tau)) == (1, 0, -1)
+
+    d, root, ckpt = small
+    assert medclr_main("eval", "--checkpoint", ckpt, "--data", root, "--out", tmp_path / "o", "--tasks", "sides",
+                       "--no-figures") == 0
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())["sides"]
+    per = pd.read_csv(tmp_path / "o" / "phrases.csv")
+    engine = load_checkpoint(ckpt)
+    sided = 0
+    for _, row in per.iterrows():
+        twin = swap_side(row["text"], [row["text"], "No change."])  # the fixture's report: the phrase, then "No change."
+        if twin is None:
+            assert math.isnan(row["side"]) and math.isnan(row["side_gap"])
+            continue
+        sided += 1
+        (image,) = root.glob(f"files/*/*/*/{row['dicom_id']}.jpg")
+        mine, theirs = _scores(engine, engine.encode(image), [row["text"], twin])
+        assert row["side_alternative"] == twin
+        assert row["side_gap"] == pytest.approx(mine - theirs, abs=1e-5)
+        assert row["side"] == preference(mine, theirs, engine.tau)
+    assert sided >= 3 and m["n"] == sided and m["n_right"] + m["n_wrong"] + m["n_undecided"] == sided
+    assert m["right"] == pytest.approx(m["n_right"] / sided) and m["n_phrases_total"] == len(per)
+    assert "## Sides: the app's side check" in (tmp_path / "o" / "report.md").read_text()
 
 
 def test_a_new_task_is_one_module(small, tmp_path, monkeypatch):
