@@ -1,5 +1,5 @@
 """Task `sides`: does the model tell which side a finding is on? The app's side check, measured on the MS-CXR
-phrases that name one side (``docs/evaluation.md``, section "Sides").
+phrases that name one side (``docs/evaluation.md``, section 7.2).
 
 A phrase names one side when ``medclr.data.hard_negatives.swap_side`` rewrites it with the image's report (left and
 right exchanged; never when the phrase says bilateral or the report states the other side anywhere, so the
@@ -106,12 +106,15 @@ class Sides(Task):
         rows = [row(cat, c) for cat, c in block["per_category"].items()]
         rows.append(row("**all**", block))
         chance = (block["right"] + block["wrong"]) / 2 if block["n"] else None
+        from medclr.inference.preference import PREFERENCE_ODDS
+
         return ["## Sides: the app's side check", "",
                 f"{block['n']} of {block['n_phrases_total']} phrases name one side (left or right, the other side "
                 "stated nowhere in the image's report). Each is scored on its image against the same phrase with the "
-                "other side; the model prefers one at 2:1 odds or more by its own two-sentence softmax (the rule the "
-                "app applies before it paints a phrase that names a side). Right: the side written; wrong: the other "
-                "(the app would withhold the map and offer the other side's); undecided: neither (no map). A model "
+                f"other side; the model prefers one at {PREFERENCE_ODDS:.0f}:1 odds or more by its own two-sentence "
+                "softmax (the rule the app applies before it paints a phrase that names a side). Right: the side "
+                "written; wrong: the other (the app would withhold the map and offer the other side's); undecided: "
+                "neither (no map). A model "
                 f"that knows no sides and decides as often gets right = wrong = {fmt(chance)}.", "",
                 *table(["category", "phrases", "right", "wrong", "undecided",
                         "right of decided [95 % Wilson CI]"], rows), ""]
