@@ -487,6 +487,28 @@ def test_model_init_starts_from_a_checkpoints_weights(tiny, tmp_path, capsys):
     assert any("model.init" in line and "SHA-256" in line for line in err), err[-3:]
 
 
+def test_model_init_keeps_this_runs_fixed_lse_gamma(tiny, tmp_path, caplog):
+    """A fixed LSE gamma is a setting: a fine-tune from a checkpoint trained at gamma 5 with model.lse_gamma=11 pools
+    at 11 (the init file's buffer does not overwrite it) and says so; a learned gamma is a weight and comes from the
+    init."""
+    import math
+
+    manifest, lm = tiny
+    args = ("train.batch_size=8", "ckpt.every=100", "val.every=null", "model.head=lse_nl", "optim.lr=0",
+            "optim.lr_text=0", "optim.warmup_steps=0", "train.max_steps=1")
+    first, fixed, learned = tmp_path / "first", tmp_path / "fixed", tmp_path / "learned"
+    assert _cli(_train_cmd("infonce", manifest, lm, first, *args, "model.lse_gamma=5")[3:]) == 0
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert _cli(_train_cmd("infonce", manifest, lm, fixed, *args, "model.lse_gamma=11", f"model.init={first}")[3:]) == 0
+    assert "LSE gamma 11 from model.lse_gamma (the init checkpoint trained with 5)" in caplog.text
+    assert _tensors(fixed / "model.safetensors")["head.log_gamma"].item() == pytest.approx(math.log(11), abs=1e-6)
+    assert json.loads((fixed / "config.json").read_text())["head"]["gamma"] == pytest.approx(11, rel=1e-6)
+    assert _cli(_train_cmd("infonce", manifest, lm, learned, *args, "model.lse_gamma=11", "model.lse_learn_gamma=true",
+                           f"model.init={first}")[3:]) == 0
+    assert _tensors(learned / "model.safetensors")["head.log_gamma"].item() == pytest.approx(math.log(5), abs=1e-6)
+
+
 def test_resume_with_more_steps_extends_a_finished_run(tiny, tmp_path, capsys):
     """--resume with a larger train.max_steps trains exactly the extra steps, on the learning rates a run planned
     for the new length has at those steps; a smaller one is refused in one line."""

@@ -222,6 +222,18 @@ def train(cfg: dict, resume: str | None = None) -> dict:
         cleanup()
 
 
+def _keep_configured_gamma(model: nn.Module, m: dict, is_main: bool) -> None:
+    """A fixed LSE gamma is a setting, not a weight: the init checkpoint's file holds its own run's gamma, and this
+    run's model.lse_gamma wins over it (a learned gamma is a weight and is kept as the init trained it)."""
+    if m["head"] != "lse_nl" or m["lse_learn_gamma"]:
+        return
+    theirs, ours = float(model.head.gamma), float(m["lse_gamma"])
+    with torch.no_grad():
+        model.head.log_gamma.fill_(math.log(ours))
+    if is_main and not math.isclose(theirs, ours, rel_tol=1e-3):
+        log.info("model.init: LSE gamma %g from model.lse_gamma (the init checkpoint trained with %g)", ours, theirs)
+
+
 def _build(plan: Plan, env: DistEnv) -> tuple[nn.Module, ContrastiveLoss]:
     from medclr.models import build_dual_encoder
 
@@ -243,6 +255,7 @@ def _build(plan: Plan, env: DistEnv) -> tuple[nn.Module, ContrastiveLoss]:
         sha = ckpt_mod.init_weights(model, m["init"])
         if env.is_main:
             log.info("model.init: weights from %s (SHA-256 %s...)", m["init"], sha[:12])
+        _keep_configured_gamma(model, m, env.is_main)
     if env.is_main:
         for warning in plan.loss_warnings:
             log.warning("loss %s: %s", cfg["loss"]["name"], warning)
