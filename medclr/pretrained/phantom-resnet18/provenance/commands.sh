@@ -1,25 +1,19 @@
-# The reference model phantom-resnet18: how it was made (medclr's own recipe on CXR-Phantom, seed 0 throughout).
-# The data, the domain LM and the eta table are `medclr demo`'s first four steps, as its --train path runs them;
-# the phantom and the LM folders were made by those same commands for the replication campaign
-# (bench/paper_replication.py, preset cpu) and copied, not regenerated.
-medclr phantom --out WORK/phantom --n 3000 --seed 0 --source both --eval-per-class 250 --eval-normal 0   # made before the test split had normal studies; same training pool with them
+# The reference model phantom-resnet18 (second version, 2026-12-06): how it was made, seed 0 throughout.
+# Two stages. Stage 1 is the first shipped phantom-resnet18 (base/: its commands, commit, training log, trainer
+# state and test-split report): the reference preset, 3,000 steps from scratch, stride 16 (an 8x8 grid).
+# Stage 2 continues its float16-packed weights (SHA-256 fb5225ee5ac5..., loaded into float32) for 900 steps with the
+# last two ResNet stages unstrided (model.output_stride=8: a 16x16 grid at 128 px crops), the reference recipe
+# otherwise unchanged, on the same data. WORK is `medclr demo`'s phantom and the first four steps of its --train path:
+medclr phantom --out WORK/phantom --n 3000 --seed 0 --source both --eval-per-class 250
 medclr prepare --mimic WORK/phantom --views all --mscxr WORK/phantom/MS_CXR_Local_Alignment_v1.1.0.csv --out WORK/manifest.parquet
-medclr lm fit --manifest WORK/manifest.parquet --out WORK/lm
+medclr lm fit --manifest WORK/manifest.parquet --out WORK/lm          # the same word pieces as stage 1's tokenizer (checked by model.init)
 medclr lm score --manifest WORK/manifest.parquet --model WORK/lm --out WORK/eta.parquet
-# the training (training/configs/preset_reference.yaml: 3,000 steps, seed 0), resumed across sittings with the
-# same command (the demo adds --resume when WORK/checkpoint/checkpoints holds a step); then eval and the index
-medclr demo --train --preset reference --workdir WORK --no-serve
-# equivalent to:
-#   medclr train --config dcl_lm preset=reference data.manifest=WORK/manifest.parquet data.eta=WORK/eta.parquet out=WORK/checkpoint [--resume]
-#   medclr eval --checkpoint WORK/checkpoint --manifest WORK/manifest.parquet --out WORK/report
-# Steps 0-1,800 ran on commits before 9448724, whose reference preset validated with the paper's prompts; from step
-# 1,800 on it ran at 9448724 and later, whose preset adds `val.prompts: report`. That key is read only by the
-# validation hook (which prompts it scores, which prompts the findings record calibrates); no optimisation step
-# reads it, so the weights are those of one uninterrupted run (resume is exact). The per-finding record and the
-# stored prompt embeddings are the report-style set's.
-# The shipped report: the phantom `medclr demo` makes (its test split with 50 normal studies), evaluated with the
-# checkpoint's own (report-style) prompts, then packed in float16:
-medclr phantom --out DEMO/phantom --n 3000 --seed 0 --source both --eval-per-class 250
-medclr prepare --mimic DEMO/phantom --views all --mscxr DEMO/phantom/MS_CXR_Local_Alignment_v1.1.0.csv --out DEMO/manifest.parquet
-medclr eval --checkpoint WORK/checkpoint --manifest DEMO/manifest.parquet --out WORK/report_demo
-medclr models pack WORK/checkpoint --name phantom-resnet18 --fp16 --provenance WORK/provenance --report WORK/report_demo --description "..."
+# stage 2 (training.log; 2 CPU cores with AVX512-BF16, bf16 autocast):
+medclr train --config dcl_lm preset=reference model.init=STAGE1 \
+  data.manifest=WORK/manifest.parquet data.eta=WORK/eta.parquet out=WORK/s8 \
+  model.output_stride=8 train.max_steps=900 optim.lr=2e-4 optim.lr_text=4e-5 optim.warmup_steps=20
+# STAGE1 = the first phantom-resnet18's folder (git show 8e65ef5:medclr/pretrained/phantom-resnet18/..., or
+# `medclr demo --train --preset reference` then `medclr models pack ... --fp16` to remake it).
+# The shipped report: the test split of that phantom (1,450 studies, 50 normal), the checkpoint's own report-style prompts:
+medclr eval --checkpoint WORK/s8 --manifest WORK/manifest.parquet --out WORK/s8_report
+medclr models pack WORK/s8 --name phantom-resnet18 --fp16 --overwrite --provenance PROV --report WORK/s8_report --description "..."
